@@ -1,0 +1,3 @@
+from fedclock.cli import main
+
+main()

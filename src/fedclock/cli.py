@@ -1,0 +1,327 @@
+"""The ``fedclock`` command: run, compare, plot, presets."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fedclock.errors import FedclockError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Federated learning on slow, busy and unreliable devices, simulated on a virtual clock.",
+)
+
+ConfigArg = Annotated[
+    Path | None, typer.Argument(help="Experiment config (YAML).", show_default=False)
+]
+PresetOpt = Annotated[
+    str | None, typer.Option("--preset", "-p", help="A shipped preset (see `fedclock presets`).")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a field: key.path=value (repeatable)."),
+]
+DataDirOpt = Annotated[
+    Path | None, typer.Option("--data-dir", help="Folder with dataset files (else $FEDCLOCK_DATA).")
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+
+
+def _console(json_mode: bool) -> Console:
+    return Console(stderr=json_mode)
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    try:
+        yield
+    except FedclockError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+def _load(
+    config: Path | None, preset: str | None, overrides: list[str] | None, data_dir: Path | None
+):
+    from fedclock.config import load_config, read_yaml
+    from fedclock.errors import ConfigError
+    from fedclock.presets import load_preset
+
+    if config is not None and preset is not None:
+        raise ConfigError("Give either a CONFIG file or --preset, not both.")
+    raw: dict[str, Any] = load_preset(preset) if preset else (read_yaml(config) if config else {})
+    extra = list(overrides or [])
+    if data_dir is not None:
+        extra.append(f"data.data_dir={data_dir}")
+    return load_config(raw=raw, overrides=extra)
+
+
+class _Bar:
+    """A rich progress bar over the run's budget, refreshed at most 10 times a second."""
+
+    def __init__(self, progress: Progress, cfg: Any, label: str) -> None:
+        b = cfg.budget
+        if b.virtual_time is not None:
+            self.total, self.unit = b.virtual_time, "time"
+        elif b.aggregations is not None:
+            self.total, self.unit = float(b.aggregations), "aggregations"
+        else:
+            self.total, self.unit = float(b.updates), "updates"
+        self.progress = progress
+        self.task = progress.add_task(label, total=self.total, status="")
+        self._last = 0.0
+
+    def __call__(self, sim: Any) -> None:
+        now = time.perf_counter()
+        if now - self._last < 0.1 and sim.stop_reason is None:
+            return
+        self._last = now
+        ctr = sim.counters
+        done = {"time": sim.now, "aggregations": ctr.aggregations, "updates": ctr.updates_used}[
+            self.unit
+        ]
+        acc = sim.history[-1]["test_accuracy"] if sim.history else float("nan")
+        self.progress.update(
+            self.task,
+            completed=min(done, self.total),
+            status=f"t={sim.now:,.1f}s  agg={ctr.aggregations}  acc={acc:.3f}",
+        )
+
+
+def _progress(console: Console, quiet: bool) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>5.1f}%"),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=quiet,
+        transient=False,
+    )
+
+
+def _summary_table(summary: dict[str, Any], run_dir: Path) -> Table:
+    t = Table(
+        title=f"{summary['name']} · {summary['strategy']} · seed {summary['seed']} · {summary['status']}"
+    )
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for key in (
+        "final_test_accuracy", "best_test_accuracy", "final_test_loss", "time_to_target",
+        "virtual_time", "aggregations", "updates_used", "updates_discarded", "compute_s_spent",
+        "compute_s_wasted", "useful_work_ratio", "wall_s",
+    ):  # fmt: skip
+        v = summary.get(key)
+        t.add_row(key, "—" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v)))
+    t.caption = f"run directory: {run_dir}"
+    return t
+
+
+@app.command()
+def run(
+    config: ConfigArg = None,
+    preset: PresetOpt = None,
+    set_: SetOpt = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Run directory (default runs/<name>-<strategy>-<time>)."),
+    ] = None,
+    data_dir: DataDirOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Run one experiment and write its run directory."""
+    from fedclock.experiment import run_experiment
+
+    console = _console(json_out)
+    with _user_errors():
+        cfg = _load(config, preset, set_, data_dir)
+        with _progress(console, quiet) as progress:
+            result = run_experiment(
+                cfg, run_dir=out, progress=_Bar(progress, cfg, cfg.strategy.name), argv=sys.argv
+            )
+    console.print(_summary_table(result.summary, result.run_dir))
+    if json_out:
+        from fedclock.metrics.recorder import json_safe
+
+        typer.echo(json.dumps({**json_safe(result.summary), "run_dir": str(result.run_dir)}))
+    if result.error:
+        Console(stderr=True).print(f"[bold red]error:[/] {result.error}", highlight=False)
+        raise typer.Exit(130 if result.summary["status"] == "interrupted" else 3)
+
+
+def _csv_list(text: str | None, cast: Callable[[str], Any]) -> list[Any]:
+    if not text:
+        return []
+    return [cast(x.strip()) for x in text.split(",") if x.strip()]
+
+
+@app.command()
+def compare(
+    config: ConfigArg = None,
+    preset: PresetOpt = None,
+    strategies: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated strategies (default: the config's compare.strategies)."),
+    ] = None,
+    seeds: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated seeds (default: compare.seeds, else the config's seed)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Output folder (default runs/compare-<name>)."),
+    ] = None,
+    set_: SetOpt = None,
+    data_dir: DataDirOpt = None,
+    target_accuracy: Annotated[
+        float | None, typer.Option(help="Accuracy for the time-to-target column.")
+    ] = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Paired comparison of strategies over seeds (common random numbers): table + plot."""
+    from fedclock.compare import run_compare
+    from fedclock.errors import ConfigError
+    from fedclock.strategies import STRATEGIES
+
+    console = _console(json_out)
+    with _user_errors():
+        extra = list(set_ or [])
+        if target_accuracy is not None:
+            extra.append(f"eval.target_accuracy={target_accuracy}")
+        cfg = _load(config, preset, extra, data_dir)
+        names = (
+            _csv_list(strategies, str)
+            or list(cfg.compare.strategies)
+            or ["fedavg", "drop-stragglers"]
+        )
+        for n in names:
+            if n not in STRATEGIES:
+                raise ConfigError(
+                    f"Unknown strategy '{n}' in --strategies; allowed: {', '.join(sorted(STRATEGIES))}."
+                )
+        try:
+            seed_list = _csv_list(seeds, int) or list(cfg.compare.seeds) or [cfg.seed]
+        except ValueError:
+            raise ConfigError(f"--seeds must be comma-separated integers, got '{seeds}'.") from None
+        out_dir = out or Path(cfg.output_dir) / f"compare-{cfg.name}"
+        with _progress(console, quiet) as progress:
+            rows, error = run_compare(
+                cfg, names, seed_list, out_dir,
+                progress_factory=lambda label: _Bar(progress, cfg, label),
+                on_result=lambda s, seed, r: r is None and progress.console.print(f"reused finished run {s} seed {seed}"),
+            )  # fmt: skip
+    table = Table(
+        title=f"{cfg.name}: {len(names)} strategies × {len(seed_list)} seeds (mean ± std)"
+    )
+    cols = [("final_test_accuracy", "final acc"), ("best_test_accuracy", "best acc"), ("final_test_loss", "final loss"),
+            ("time_to_target", "time to target"), ("virtual_time", "virtual time"), ("aggregations", "aggregations"),
+            ("updates_discarded", "discarded"), ("useful_work_ratio", "useful work")]  # fmt: skip
+    table.add_column("strategy")
+    for _, label in cols:
+        table.add_column(label, justify="right")
+    for r in rows:
+        cells = []
+        for key, _ in cols:
+            m, s = r[f"{key}_mean"], r[f"{key}_std"]
+            cells.append("—" if m != m else f"{m:.4g} ± {s:.2g}")
+        table.add_row(r["strategy"], *cells)
+    table.caption = f"{out_dir}/table.csv · {out_dir}/table.md · {out_dir}/accuracy.png"
+    console.print(table)
+    if json_out:
+        from fedclock.metrics.recorder import json_safe
+
+        typer.echo(json.dumps({"out": str(out_dir), "rows": json_safe(rows)}))
+    if error:
+        Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False)
+        raise typer.Exit(3)
+
+
+@app.command()
+def plot(
+    run_dirs: Annotated[
+        list[Path], typer.Argument(help="Run directories (each with metrics.csv).")
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="PNG file (default: accuracy.png in the first run directory)."
+        ),
+    ] = None,
+    metric: Annotated[str, typer.Option(help="Column of metrics.csv to plot.")] = "test_accuracy",
+) -> None:
+    """Overlay accuracy vs virtual time and vs aggregation index for several runs."""
+    from fedclock.errors import DataError
+    from fedclock.metrics.plots import plot_groups, read_metrics
+
+    with _user_errors():
+        groups = {}
+        for d in run_dirs:
+            if not (d / "metrics.csv").is_file():
+                raise DataError(f"{d} is not a run directory: it has no metrics.csv.")
+            label = d.name
+            summary = d / "summary.json"
+            if summary.is_file():
+                s = json.loads(summary.read_text())
+                label = f"{s.get('strategy', d.name)} (seed {s.get('seed')}) · {d.name}"
+            metrics = read_metrics(d)
+            if metric not in metrics:
+                raise DataError(f"{d}/metrics.csv has no column '{metric}'.")
+            groups[label] = [metrics]
+        path = plot_groups(groups, out or run_dirs[0] / "accuracy.png", metric=metric)
+    Console().print(f"wrote {path}")
+
+
+@app.command()
+def presets(
+    name: Annotated[str | None, typer.Argument(help="Print this preset's YAML.")] = None,
+) -> None:
+    """List the shipped presets, or print one."""
+    from fedclock.presets import list_presets, preset_text
+
+    with _user_errors():
+        if name:
+            typer.echo(preset_text(name), nl=False)
+            return
+        t = Table(title="fedclock presets (run: fedclock run --preset NAME)")
+        t.add_column("name", style="bold")
+        t.add_column("description")
+        for n, d in list_presets():
+            t.add_row(n, d)
+        Console().print(t)
+
+
+@app.command()
+def strategies() -> None:
+    """List the strategies a config can name."""
+    from fedclock.strategies import STRATEGIES
+
+    t = Table(title="strategies (strategy.name)")
+    t.add_column("name", style="bold")
+    t.add_column("what it is")
+    for s in STRATEGIES.values():
+        t.add_row(s.name, s.summary)
+    Console().print(t)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,297 @@
+"""Experiment configuration: a versionable YAML file validated by pydantic.
+
+Every section forbids unknown fields, so a typo fails with one sentence naming
+the field and the fields that are allowed. ``docs/config.md`` documents every
+field; the defaults below are the documented defaults.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fedclock.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SyntheticConfig(_Section):
+    num_samples: int = Field(2000, ge=10)
+    num_features: int = Field(20, ge=1)
+    num_classes: int = Field(4, ge=2)
+    separation: float = Field(2.0, gt=0)
+
+
+class DataConfig(_Section):
+    name: Literal["digits", "mnist", "synthetic"] = "digits"
+    data_dir: str | None = None
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    max_train: int | None = Field(None, ge=1)
+    synthetic: SyntheticConfig = SyntheticConfig()
+
+
+class PartitionConfig(_Section):
+    scheme: Literal["iid", "dirichlet", "shards"] = "iid"
+    num_clients: int = Field(20, ge=1)
+    alpha: float = Field(0.5, gt=0)
+    shards_per_client: int = Field(2, ge=1)
+    sizes: Literal["equal", "lognormal"] = "equal"
+    size_sigma: float = Field(1.0, ge=0)
+    min_samples: int = Field(1, ge=1)
+
+
+class ModelConfig(_Section):
+    arch: Literal["logreg", "mlp", "cnn"] = "mlp"
+    hidden: list[int] = [64]
+    channels: list[int] = [32, 64]
+    kernel_size: int = Field(5, ge=1)
+    fc_hidden: int = Field(512, ge=1)
+    padding: Literal["same", "valid"] = "same"
+
+    @field_validator("hidden", "channels")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(w < 1 for w in v):
+            raise ValueError("every width must be a positive integer")
+        return v
+
+    @field_validator("channels")
+    @classmethod
+    def _two_convs(cls, v: list[int]) -> list[int]:
+        if len(v) != 2:
+            raise ValueError("the CNN has two conv layers, so give exactly two channel counts")
+        return v
+
+
+class SlowdownConfig(_Section):
+    kind: Literal["none", "lognormal", "exponential"] = "none"
+    sigma: float = Field(0.5, ge=0)
+
+
+class DeviceClassConfig(_Section):
+    fraction: float = Field(gt=0, le=1)
+    speed: float = Field(gt=0)
+    up_bandwidth: float | None = Field(None, gt=0)
+    down_bandwidth: float | None = Field(None, gt=0)
+
+
+class PopulationConfig(_Section):
+    scenario: Literal["homogeneous", "fx", "classes"] = "homogeneous"
+    speed: float = Field(1.0e8, gt=0, description="FLOP/s (the slowest device under fx)")
+    up_bandwidth: float | None = Field(1.0e6, gt=0, description="bytes/s; null = free")
+    down_bandwidth: float | None = Field(1.0e6, gt=0, description="bytes/s; null = free")
+    fx_percent: float = Field(80.0, ge=0, lt=100)
+    classes: list[DeviceClassConfig] = []
+    slowdown: SlowdownConfig = SlowdownConfig()
+
+    @model_validator(mode="after")
+    def _classes_given(self) -> PopulationConfig:
+        if self.scenario == "classes" and not self.classes:
+            raise ValueError("scenario 'classes' needs a non-empty population.classes list")
+        return self
+
+
+class TrainConfig(_Section):
+    local_epochs: float | None = Field(1.0, gt=0)
+    local_steps: int | None = Field(None, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> TrainConfig:
+        if self.local_steps is not None and self.local_epochs is not None:
+            # local_steps given explicitly wins over the default epochs
+            if "local_epochs" in self.model_fields_set:
+                raise ValueError("give either local_epochs or local_steps, not both")
+            object.__setattr__(self, "local_epochs", None)
+        if self.local_steps is None and self.local_epochs is None:
+            raise ValueError("give one of local_epochs or local_steps")
+        return self
+
+
+class StrategyConfig(_Section):
+    name: str = "fedavg"
+    client_fraction: float = Field(1.0, gt=0, le=1)
+    t_max: float | None = Field(None, gt=0, description="round deadline in virtual seconds")
+    weights: Literal["samples", "uniform"] = "samples"
+    server_lr: float = Field(1.0, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from fedclock.strategies import STRATEGIES
+
+        if v not in STRATEGIES:
+            raise ValueError(f"unknown strategy '{v}'; allowed: {', '.join(sorted(STRATEGIES))}")
+        return v
+
+
+class BudgetConfig(_Section):
+    virtual_time: float | None = Field(None, gt=0)
+    aggregations: int | None = Field(None, ge=1)
+    updates: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _some(self) -> BudgetConfig:
+        if self.virtual_time is None and self.aggregations is None and self.updates is None:
+            raise ValueError("set at least one of virtual_time, aggregations or updates")
+        return self
+
+
+class EvalConfig(_Section):
+    every_aggregations: int | None = Field(1, ge=1)
+    every_virtual_seconds: float | None = Field(None, gt=0)
+    batch_size: int = Field(2048, ge=1)
+    target_accuracy: float | None = Field(None, gt=0, le=1)
+
+
+class ExecutorConfig(_Section):
+    kind: Literal["serial"] = "serial"
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads; null = torch default"
+    )
+
+
+class CompareConfig(_Section):
+    strategies: list[str] = []
+    seeds: list[int] = []
+
+
+class ExperimentConfig(_Section):
+    name: str = "experiment"
+    description: str = ""
+    seed: int = Field(0, ge=0)
+    data: DataConfig = DataConfig()
+    partition: PartitionConfig = PartitionConfig()
+    model: ModelConfig = ModelConfig()
+    population: PopulationConfig = PopulationConfig()
+    train: TrainConfig = TrainConfig()
+    strategy: StrategyConfig = StrategyConfig()
+    budget: BudgetConfig = BudgetConfig(aggregations=20)
+    eval: EvalConfig = EvalConfig()
+    executor: ExecutorConfig = ExecutorConfig()
+    compare: CompareConfig = CompareConfig()
+    output_dir: str = "runs"
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _section_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: Any = ExperimentConfig
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        elif getattr(ann, "__origin__", None) is list:
+            (inner,) = ann.__args__
+            model = inner
+        else:
+            return None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """One sentence for the first problem in a pydantic ValidationError."""
+    e = err.errors()[0]
+    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    path = ".".join(str(p) for p in loc) or "config"
+    if e["type"] == "extra_forbidden":
+        parent_loc = tuple(p for p in loc[:-1] if not isinstance(p, int))
+        section = _section_at(parent_loc)
+        allowed = ", ".join(section.model_fields) if section else "see docs/config.md"
+        where = ".".join(str(p) for p in loc[:-1]) or "the top level"
+        return f"Unknown config field '{path}'; allowed fields in {where}: {allowed}."
+    msg = e["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    got = e.get("input")
+    shown = "" if isinstance(got, dict) or e["type"] == "missing" else f" (got {got!r})"
+    return f"Invalid config field '{path}': {msg}{shown}."
+
+
+def _set_path(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = raw
+    for p in parts[:-1]:
+        child = node.get(p)
+        if child is None:
+            child = node[p] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"Cannot set '{dotted}': '{p}' is not a section.")
+        node = child
+    node[parts[-1]] = value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` overrides (values parsed as YAML) to a raw config dict."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"Override '{item}' is not of the form key.path=value.")
+        key, _, text = item.partition("=")
+        key = key.strip()
+        if not key:
+            raise ConfigError(f"Override '{item}' has an empty key.")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(
+                f"Override '{item}' has a value that is not valid YAML ({exc.__class__.__name__})."
+            ) from None
+        _set_path(raw, key, value)
+    return raw
+
+
+def validate(raw: dict[str, Any]) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(describe_validation_error(err)) from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"Config file not found: {p}.")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"Config file {p} is not valid YAML{where}.") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"Config file {p} must hold a mapping of sections, not a {type(raw).__name__}."
+        )
+    return raw
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    raw: dict[str, Any] | None = None,
+) -> ExperimentConfig:
+    """Load a config from YAML (or a raw dict), apply overrides, validate."""
+    data = copy.deepcopy(raw) if raw is not None else (read_yaml(path) if path is not None else {})
+    return validate(apply_overrides(data, list(overrides or [])))
+
+
+def to_yaml(cfg: ExperimentConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

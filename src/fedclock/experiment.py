@@ -1,0 +1,170 @@
+"""Build an experiment from its config and run it: the one place where the parts meet.
+
+ExperimentConfig → Dataset → partition → model (layers, FLOPs) → population
+→ strategy → Simulator(executor, evaluator) → run directory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedclock.config import ExperimentConfig, to_yaml
+from fedclock.data import SyntheticSpec, load_dataset, partition
+from fedclock.devices import Population, build_population
+from fedclock.devices.cost import TaskCost
+from fedclock.errors import ConfigError, DivergenceError
+from fedclock.metrics.recorder import RunRecorder, summarize
+from fedclock.models import build_model, layer_view, param_bytes
+from fedclock.rng import torch_seed
+from fedclock.sim.simulator import Budget, Simulator
+from fedclock.strategies import BuildInfo, Strategy, build_strategy
+from fedclock.train.evaluate import Evaluator
+from fedclock.train.executor import ClientData, make_executor, resolve_device, snapshot
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: dict[str, Any]
+    history: list[dict[str, Any]]
+    error: str | None = None  # one sentence when the run diverged or was interrupted
+
+
+def default_run_dir(cfg: ExperimentConfig) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(cfg.output_dir) / f"{cfg.name}-{cfg.strategy.name}-{stamp}"
+    path, i = base, 1
+    while path.exists():
+        i += 1
+        path = base.with_name(f"{base.name}-{i}")
+    return path
+
+
+def check_deadline(strategy: Strategy, population: Population, cfg: ExperimentConfig) -> None:
+    """An impossible deadline fails before any compute: no client could ever deliver."""
+    t_max = cfg.strategy.t_max
+    if t_max is None or cfg.strategy.name == "fedavg":
+        return
+    best = math.inf
+    for client in range(len(population)):
+        plan_cost: TaskCost = strategy.planner.plan(None, client)[1]  # type: ignore[arg-type]
+        timing = population.nominal_timing(client, plan_cost)
+        # with a random slowdown the compute can shrink, communication cannot
+        floor = (
+            timing.duration if population.slowdown_kind == "none" else timing.down_s + timing.up_s
+        )
+        best = min(best, floor)
+    if t_max < best:
+        what = (
+            "one task (download, local training, upload)"
+            if population.slowdown_kind == "none"
+            else "its model download and upload alone"
+        )
+        raise ConfigError(
+            f"strategy.t_max = {t_max:g} s is impossible: the fastest client needs at least "
+            f"{best:.4g} virtual seconds for {what}, so no update could ever arrive."
+        )
+
+
+def run_experiment(
+    cfg: ExperimentConfig,
+    *,
+    run_dir: Path | None = None,
+    progress: Callable[[Simulator], None] | None = None,
+    argv: list[str] | None = None,
+) -> RunResult:
+    """Run one experiment; always leaves a complete run directory, even on divergence or Ctrl-C."""
+    wall0 = time.perf_counter()
+    if cfg.executor.threads is not None:
+        torch.set_num_threads(cfg.executor.threads)
+    data_dir = cfg.data.data_dir or os.environ.get("FEDCLOCK_DATA")
+    ds = load_dataset(
+        cfg.data.name,
+        seed=cfg.seed,
+        data_dir=data_dir,
+        test_fraction=cfg.data.test_fraction,
+        synthetic=SyntheticSpec(**cfg.data.synthetic.model_dump()),
+        max_train=cfg.data.max_train,
+    )
+    p = cfg.partition
+    parts = partition(
+        ds.y_train.numpy(), p.num_clients, scheme=p.scheme, seed=cfg.seed, alpha=p.alpha,
+        shards_per_client=p.shards_per_client, sizes=p.sizes, size_sigma=p.size_sigma,
+        min_samples=p.min_samples,
+    )  # fmt: skip
+    m = cfg.model
+
+    def new_model() -> torch.nn.Module:
+        return build_model(
+            m.arch, input_shape=ds.input_shape, num_classes=ds.num_classes, hidden=m.hidden,
+            channels=m.channels, kernel_size=m.kernel_size, fc_hidden=m.fc_hidden,
+            padding=m.padding, seed=torch_seed(cfg.seed, "init") % (2**31),
+        )  # fmt: skip
+
+    model = new_model()
+    layers = layer_view(model, ds.input_shape)
+    data = ClientData.from_partition(ds.x_train, ds.y_train, parts)
+    sizes = data.sizes()
+    population = build_population(cfg.population, p.num_clients, cfg.seed)
+    info = BuildInfo(
+        client_sizes=sizes,
+        layer_fwd_flops=tuple(layer.fwd_flops for layer in layers),
+        layer_bwd_flops=tuple(layer.bwd_flops for layer in layers),
+        model_bytes=param_bytes(model),
+    )
+    strategy = build_strategy(cfg, info)
+    check_deadline(strategy, population, cfg)
+
+    device = resolve_device(cfg.executor.device)
+    initial = snapshot(model, 0)
+    executor = make_executor(
+        cfg.executor.kind, model, data, seed=cfg.seed, train=cfg.train, device=cfg.executor.device
+    )
+    evaluator = Evaluator(
+        new_model(), ds.x_test, ds.y_test, batch_size=cfg.eval.batch_size, device=device
+    )
+
+    run_dir = run_dir or default_run_dir(cfg)
+    recorder = RunRecorder(run_dir)
+    recorder.write_config(to_yaml(cfg), cfg.seed, argv)
+    b = cfg.budget
+    sim = Simulator(
+        strategy=strategy,
+        executor=executor,
+        population=population,
+        initial=initial,
+        client_sizes=sizes,
+        seed=cfg.seed,
+        budget=Budget(virtual_time=b.virtual_time, aggregations=b.aggregations, updates=b.updates),
+        evaluate=evaluator,
+        on_record=recorder.record,
+        on_progress=progress or (lambda s: None),
+        eval_every_aggregations=cfg.eval.every_aggregations,
+        eval_every_virtual_seconds=cfg.eval.every_virtual_seconds,
+    )
+    status, error, stop = "completed", None, None
+    try:
+        stop = sim.run().value
+    except DivergenceError as exc:
+        status, error = "diverged", str(exc)
+    except KeyboardInterrupt:
+        status = "interrupted"
+        error = f"Interrupted at virtual time {sim.now:.4g} s; the metrics so far are in {run_dir}."
+    finally:
+        recorder.close()
+    summary = summarize(
+        name=cfg.name, strategy=cfg.strategy.name, seed=cfg.seed, status=status, stop_reason=stop,
+        history=sim.history, counters=sim.counters, wall_s=time.perf_counter() - wall0,
+        virtual_time=sim.now, target_accuracy=cfg.eval.target_accuracy, num_clients=p.num_clients,
+    )  # fmt: skip
+    recorder.write_summary(summary)
+    return RunResult(run_dir=run_dir, summary=summary, history=sim.history, error=error)

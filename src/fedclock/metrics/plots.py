@@ -1,0 +1,71 @@
+"""Plots of accuracy against virtual time and aggregation index."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+
+def read_metrics(run_dir: Path) -> dict[str, np.ndarray]:
+    path = run_dir / "metrics.csv"
+    with path.open() as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        return {}
+    return {k: np.array([float(r[k]) for r in rows]) for k in rows[0]}
+
+
+def step_interp(t: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """The value in force at each grid time: the latest evaluation at or before it."""
+    idx = np.searchsorted(t, grid, side="right") - 1
+    out = y[np.clip(idx, 0, len(y) - 1)].astype(float)
+    out[idx < 0] = np.nan
+    out[grid > t[-1]] = np.nan
+    return out
+
+
+def plot_groups(
+    groups: dict[str, Sequence[dict[str, np.ndarray]]],
+    out: Path,
+    *,
+    title: str = "",
+    metric: str = "test_accuracy",
+) -> Path:
+    """One line per group (mean over its runs, ±std band when several) vs time and vs aggregations."""
+    fig, (ax_t, ax_a) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, (label, runs) in enumerate(groups.items()):
+        runs = [r for r in runs if r]
+        if not runs:
+            continue
+        color = f"C{i % 10}"
+        for ax, xkey in ((ax_t, "virtual_time"), (ax_a, "aggregation")):
+            if len(runs) == 1:
+                ax.plot(runs[0][xkey], runs[0][metric], color=color, label=label, lw=1.6)
+                continue
+            end = min(r[xkey][-1] for r in runs)
+            grid = np.linspace(0.0, end, 400)
+            ys = np.stack([step_interp(r[xkey], r[metric], grid) for r in runs])
+            mean, std = np.nanmean(ys, 0), np.nanstd(ys, 0)
+            ax.plot(grid, mean, color=color, label=f"{label} (mean of {len(runs)})", lw=1.6)
+            ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, lw=0)
+    pretty = metric.replace("_", " ")
+    ax_t.set_xlabel("virtual time (s)")
+    ax_a.set_xlabel("aggregation (server step)")
+    for ax in (ax_t, ax_a):
+        ax.set_ylabel(pretty)
+        ax.grid(alpha=0.3)
+    ax_t.legend(loc="lower right", fontsize=9)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

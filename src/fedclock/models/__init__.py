@@ -1,0 +1,13 @@
+"""Models: the classifier zoo and a per-layer view (parameters, FLOPs) of any model."""
+
+from fedclock.models.layers import LayerInfo, layer_view, param_bytes, total_flops
+from fedclock.models.zoo import MODEL_ARCHS, build_model
+
+__all__ = [
+    "MODEL_ARCHS",
+    "LayerInfo",
+    "build_model",
+    "layer_view",
+    "param_bytes",
+    "total_flops",
+]

@@ -1,0 +1,76 @@
+"""Value types that flow between the simulator, the strategy and the executor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from fedclock.devices.cost import TaskCost, TaskTiming
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
+class ModelVersion:
+    """A global model snapshot, shared by reference by every task started on it.
+
+    The tensors are never modified in place; an aggregation makes a new version.
+    """
+
+    version: int
+    params: Params
+    buffers: Params = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPlan:
+    """What a client computes (decided by the Planner).
+
+    ``local_steps`` SGD steps of ``batch_size``; ``samples`` is the number of
+    samples processed (the last batch of an epoch may be partial).
+    """
+
+    local_steps: int
+    batch_size: int
+    samples: int
+    epochs: float | None = None
+
+
+@dataclass(eq=False, slots=True)
+class Task:
+    """A dispatched unit of client work, with its virtual timing known up front."""
+
+    task_id: int
+    client: int
+    k: int  # the client's task counter (keys its slowdown draw)
+    base: ModelVersion
+    plan: TaskPlan
+    cost: TaskCost
+    timing: TaskTiming
+    t_start: float
+    execute: bool = True  # False: the strategy already knows it will be discarded
+    cancelled: bool = False
+
+    @property
+    def t_finish(self) -> float:
+        return self.t_start + self.timing.duration
+
+
+@dataclass(eq=False, slots=True)
+class Contribution:
+    """What a client sends back; aggregators only ever see contributions."""
+
+    task: Task
+    delta: Params  # local params − base params, per parameter tensor
+    buffers: Params  # local buffers after training (e.g. BatchNorm statistics)
+    num_samples: int  # client data size (FedAvg weight n_i)
+    train_loss: float  # mean training loss over the local steps
+
+    @property
+    def client(self) -> int:
+        return self.task.client
+
+    @property
+    def base_version(self) -> int:
+        return self.task.base.version

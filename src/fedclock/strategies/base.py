@@ -1,0 +1,70 @@
+"""Strategy = Planner × Trigger × Aggregator (see docs/architecture.md).
+
+- a **Planner** decides what each client computes (and what it costs);
+- a **Trigger** decides when the server builds a new global model: it reacts
+  to the simulator's callbacks and calls ``ctx.commit`` with the updates to use;
+- an **Aggregator** decides how the committed contributions are combined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from fedclock.devices.cost import TaskCost
+from fedclock.sim.simulator import Context
+from fedclock.sim.types import Contribution, ModelVersion, TaskPlan
+
+
+class Planner(Protocol):
+    def plan(self, ctx: Context, client: int) -> tuple[TaskPlan, TaskCost]: ...
+
+
+class Trigger(Protocol):
+    def on_start(self, ctx: Context) -> None: ...
+    def on_arrival(self, ctx: Context, contribution: Contribution) -> None: ...
+    def on_timer(self, ctx: Context, tag: Any) -> None: ...
+
+
+class Aggregator(Protocol):
+    def aggregate(
+        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
+    ) -> ModelVersion: ...
+
+
+@dataclass
+class Strategy:
+    """A named triple; the simulator talks to it, it delegates to its parts."""
+
+    name: str
+    planner: Planner
+    trigger: Trigger
+    aggregator: Aggregator
+
+    def plan(self, ctx: Context, client: int) -> tuple[TaskPlan, TaskCost]:
+        return self.planner.plan(ctx, client)
+
+    def on_start(self, ctx: Context) -> None:
+        self.trigger.on_start(ctx)
+
+    def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
+        self.trigger.on_arrival(ctx, contribution)
+
+    def on_timer(self, ctx: Context, tag: Any) -> None:
+        self.trigger.on_timer(ctx, tag)
+
+    def aggregate(self, ctx: Context, contributions: Sequence[Contribution]) -> ModelVersion:
+        return self.aggregator.aggregate(ctx, ctx.model, contributions)
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """What strategy builders need to know about the experiment."""
+
+    client_sizes: np.ndarray
+    layer_fwd_flops: tuple[float, ...]  # per sample, input side first
+    layer_bwd_flops: tuple[float, ...]
+    model_bytes: int

@@ -1,0 +1,68 @@
+"""Planners: what a client computes, and what that costs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedclock.devices.cost import TaskCost
+from fedclock.sim.simulator import Context
+from fedclock.sim.types import TaskPlan
+
+
+def local_sgd_plan(
+    num_samples: int, batch_size: int, *, local_epochs: float | None, local_steps: int | None
+) -> TaskPlan:
+    """Steps and samples of local SGD on a client holding ``num_samples`` samples.
+
+    Batches are cut from successive shuffles of the client's data; an epoch has
+    ⌈n/B⌉ batches, the last one partial. ``local_epochs`` (may be fractional)
+    gives round(epochs·⌈n/B⌉) ≥ 1 steps; ``local_steps`` gives the count directly.
+    """
+    n = int(num_samples)
+    b = min(batch_size, n)
+    per_epoch = math.ceil(n / b)
+    if local_steps is not None:
+        steps = int(local_steps)
+    else:
+        assert local_epochs is not None
+        steps = max(1, round(local_epochs * per_epoch))
+    full, rem = divmod(steps, per_epoch)
+    samples = full * n + rem * b
+    return TaskPlan(local_steps=steps, batch_size=b, samples=samples, epochs=local_epochs)
+
+
+class LocalSGDPlanner:
+    """Every client runs full local SGD (forward + backward through every layer)."""
+
+    def __init__(
+        self,
+        *,
+        client_sizes: np.ndarray,
+        batch_size: int,
+        local_epochs: float | None,
+        local_steps: int | None,
+        flops_per_sample: float,
+        model_bytes: int,
+    ) -> None:
+        self._plans = {}
+        self._sizes = client_sizes
+        self._batch = batch_size
+        self._epochs = local_epochs
+        self._steps = local_steps
+        self._flops = flops_per_sample
+        self._bytes = model_bytes
+
+    def plan(self, ctx: Context, client: int) -> tuple[TaskPlan, TaskCost]:
+        cached = self._plans.get(client)
+        if cached is None:
+            plan = local_sgd_plan(
+                int(self._sizes[client]), self._batch,
+                local_epochs=self._epochs, local_steps=self._steps,
+            )  # fmt: skip
+            cost = TaskCost(
+                flops=plan.samples * self._flops, bytes_down=self._bytes, bytes_up=self._bytes
+            )
+            cached = self._plans[client] = (plan, cost)
+        return cached
