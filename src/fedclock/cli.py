@@ -51,7 +51,7 @@ def _user_errors() -> Iterator[None]:
     try:
         yield
     except FedclockError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -162,7 +162,9 @@ def run(
 
         typer.echo(json.dumps({**json_safe(result.summary), "run_dir": str(result.run_dir)}))
     if result.error:
-        Console(stderr=True).print(f"[bold red]error:[/] {result.error}", highlight=False)
+        Console(stderr=True).print(
+            f"[bold red]error:[/] {result.error}", highlight=False, soft_wrap=True
+        )
         raise typer.Exit(130 if result.summary["status"] == "interrupted" else 3)
 
 
@@ -170,6 +172,11 @@ def _csv_list(text: str | None, cast: Callable[[str], Any]) -> list[Any]:
     if not text:
         return []
     return [cast(x.strip()) for x in text.split(",") if x.strip()]
+
+
+def _note_reuse(progress: Progress, strategy: str, seed: int, result: Any) -> None:
+    if result is None:
+        progress.console.print(f"reused finished run {strategy} seed {seed}")
 
 
 @app.command()
@@ -228,7 +235,7 @@ def compare(
             rows, error = run_compare(
                 cfg, names, seed_list, out_dir,
                 progress_factory=lambda label: _Bar(progress, cfg, label),
-                on_result=lambda s, seed, r: r is None and progress.console.print(f"reused finished run {s} seed {seed}"),
+                on_result=lambda s, seed, r: _note_reuse(progress, s, seed, r),
             )  # fmt: skip
     table = Table(
         title=f"{cfg.name}: {len(names)} strategies × {len(seed_list)} seeds (mean ± std)"
@@ -252,7 +259,7 @@ def compare(
 
         typer.echo(json.dumps({"out": str(out_dir), "rows": json_safe(rows)}))
     if error:
-        Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False)
+        Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(3)
 
 

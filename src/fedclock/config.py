@@ -151,6 +151,11 @@ class EvalConfig(_Section):
     every_virtual_seconds: float | None = Field(None, gt=0)
     batch_size: int = Field(2048, ge=1)
     target_accuracy: float | None = Field(None, gt=0, le=1)
+    divergence_factor: float | None = Field(
+        100.0,
+        gt=1,
+        description="stop as diverged when the test loss exceeds this × the initial loss",
+    )
 
 
 class ExecutorConfig(_Section):
@@ -197,7 +202,7 @@ def _section_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             model = ann
-        elif getattr(ann, "__origin__", None) is list:
+        elif ann is not None and getattr(ann, "__origin__", None) is list:
             (inner,) = ann.__args__
             model = inner
         else:

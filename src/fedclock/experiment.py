@@ -150,6 +150,7 @@ def run_experiment(
         on_progress=progress or (lambda s: None),
         eval_every_aggregations=cfg.eval.every_aggregations,
         eval_every_virtual_seconds=cfg.eval.every_virtual_seconds,
+        divergence_factor=cfg.eval.divergence_factor,
     )
     status, error, stop = "completed", None, None
     try:

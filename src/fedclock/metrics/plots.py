@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -32,7 +32,7 @@ def step_interp(t: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
 
 
 def plot_groups(
-    groups: dict[str, Sequence[dict[str, np.ndarray]]],
+    groups: Mapping[str, Sequence[dict[str, np.ndarray]]],
     out: Path,
     *,
     title: str = "",

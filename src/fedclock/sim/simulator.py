@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 _ARRIVAL, _TIMER, _EVAL = 0, 1, 2
 
 
-class StopReason(str, Enum):
+class StopReason(StrEnum):
     VIRTUAL_TIME = "virtual_time"
     AGGREGATIONS = "aggregations"
     UPDATES = "updates"
@@ -163,6 +163,7 @@ class Simulator:
         on_progress: Callable[[Simulator], None] = lambda sim: None,
         eval_every_aggregations: int | None = 1,
         eval_every_virtual_seconds: float | None = None,
+        divergence_factor: float | None = None,
     ) -> None:
         self.strategy = strategy
         self.executor = executor
@@ -176,6 +177,7 @@ class Simulator:
         self.on_progress = on_progress
         self.eval_every_aggregations = eval_every_aggregations
         self.eval_every_virtual_seconds = eval_every_virtual_seconds
+        self.divergence_factor = divergence_factor
 
         self.now = 0.0
         self.counters = Counters()
@@ -294,10 +296,13 @@ class Simulator:
         }
         self.history.append(row)
         self.on_record(row)
-        if not math.isfinite(loss):
+        initial = self.history[0]["test_loss"]
+        factor = self.divergence_factor
+        if not math.isfinite(loss) or (factor is not None and loss > factor * initial):
             raise DivergenceError(
-                f"Training diverged: the test loss is {loss} after aggregation {ctr.aggregations} "
-                f"(t = {t:.4g} s); lower train.lr."
+                f"Training diverged: the test loss is {loss:.4g} after aggregation "
+                f"{ctr.aggregations} (t = {t:.4g} s), against {initial:.4g} at the start; "
+                "lower train.lr."
             )
 
     # ------------------------------------------------------------ main loop

@@ -46,7 +46,7 @@ class LocalSGDPlanner:
         flops_per_sample: float,
         model_bytes: int,
     ) -> None:
-        self._plans = {}
+        self._plans: dict[int, tuple[TaskPlan, TaskCost]] = {}
         self._sizes = client_sizes
         self._batch = batch_size
         self._epochs = local_epochs

@@ -1,0 +1,212 @@
+"""The command line as a user meets it: run, compare, plot, presets, errors."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fedclock.cli import app
+from tests.conftest import mnist_dir, tiny_raw
+
+runner = CliRunner()
+
+
+def _write(tmp_path, raw, name="exp.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_run_writes_a_complete_run_directory(tmp_path):
+    cfg = _write(tmp_path, tiny_raw())
+    out = tmp_path / "run"
+    res = runner.invoke(
+        app, ["run", str(cfg), "--out", str(out), "--json", "-q", "--set", "budget.aggregations=2"]
+    )
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    for key in (
+        "strategy", "seed", "final_test_accuracy", "best_test_accuracy", "final_test_loss",
+        "virtual_time", "aggregations", "updates_used", "updates_discarded", "compute_s_spent",
+        "compute_s_wasted", "wall_s",
+    ):  # fmt: skip
+        assert key in summary
+    assert summary["aggregations"] == 2 and summary["strategy"] == "fedavg" and summary["seed"] == 3
+    assert json.loads((out / "summary.json").read_text())["aggregations"] == 2
+    stored = yaml.safe_load((out / "config.yaml").read_text())
+    assert stored["budget"]["aggregations"] == 2 and stored["seed"] == 3  # the resolved config
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["seed"] == 3 and "torch" in meta["versions"]
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    assert [r["aggregation"] for r in rows] == ["0", "1", "2"]
+    assert set(rows[0]) >= {
+        "virtual_time",
+        "wall_time",
+        "test_accuracy",
+        "bytes_up",
+        "compute_s_wasted",
+    }
+
+
+def test_presets_lists_every_preset():
+    res = runner.invoke(app, ["presets"])
+    assert res.exit_code == 0
+    for name in ("demo", "digits-fedavg", "mnist-fedavg"):
+        assert name in res.stdout
+    shown = runner.invoke(app, ["presets", "demo"])
+    assert "name: demo" in shown.stdout
+
+
+def test_compare_writes_the_table_contract_and_a_plot(tmp_path):
+    raw = tiny_raw(strategy={"name": "fedavg", "t_max": 1.5}, budget={"aggregations": 2})
+    cfg = _write(tmp_path, raw)
+    out = tmp_path / "cmp"
+    args = [
+        "compare",
+        str(cfg),
+        "--strategies",
+        "fedavg,drop-stragglers",
+        "--seeds",
+        "1,2",
+        "--out",
+        str(out),
+        "-q",
+    ]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader((out / "table.csv").open()))
+    assert [r["strategy"] for r in rows] == ["fedavg", "drop-stragglers"]
+    header = list(rows[0])
+    assert header[0] == "strategy" and header[-1] == "n_seeds"
+    for metric in (
+        "final_test_accuracy",
+        "best_test_accuracy",
+        "final_test_loss",
+        "updates_discarded",
+    ):
+        assert f"{metric}_mean" in header and f"{metric}_std" in header
+    assert rows[0]["n_seeds"] == "2"
+    assert (out / "table.md").read_text().startswith("| strategy |")
+    assert (out / "accuracy.png").stat().st_size > 1000
+    # paired: both strategies of a seed started from the same model and data, so
+    # their evaluations at t = 0 are identical
+    first = [
+        next(csv.DictReader((out / "runs" / s / "seed-1" / "metrics.csv").open()))
+        for s in ("fedavg", "drop-stragglers")
+    ]
+    assert first[0]["test_loss"] == first[1]["test_loss"]
+    # a second call reuses the finished cells
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "reused finished run" in again.output
+
+
+def test_plot_overlays_runs(tmp_path):
+    cfg = _write(tmp_path, tiny_raw(budget={"aggregations": 2}))
+    for name in ("a", "b"):
+        assert (
+            runner.invoke(app, ["run", str(cfg), "--out", str(tmp_path / name), "-q"]).exit_code
+            == 0
+        )
+    png = tmp_path / "both.png"
+    res = runner.invoke(app, ["plot", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(png)])
+    assert res.exit_code == 0, res.output
+    assert png.stat().st_size > 1000
+
+
+def test_impossible_deadline_is_refused(tmp_path):
+    raw = tiny_raw(strategy={"name": "drop-stragglers", "t_max": 0.001})
+    res = runner.invoke(
+        app, ["run", str(_write(tmp_path, raw)), "--out", str(tmp_path / "r"), "-q"]
+    )
+    assert res.exit_code == 2
+    assert "strategy.t_max = 0.001 s is impossible" in res.output
+
+
+def test_drop_stragglers_needs_a_deadline(tmp_path):
+    raw = tiny_raw(strategy={"name": "drop-stragglers"})
+    res = runner.invoke(app, ["run", str(_write(tmp_path, raw)), "-q"])
+    assert res.exit_code == 2 and "set strategy.t_max" in res.output
+
+
+def test_divergence_keeps_what_was_computed(tmp_path):
+    raw = tiny_raw(
+        train={"local_epochs": 1, "batch_size": 8, "lr": 1.0e6}, budget={"aggregations": 6}
+    )
+    out = tmp_path / "div"
+    res = runner.invoke(app, ["run", str(_write(tmp_path, raw)), "--out", str(out), "-q"])
+    assert res.exit_code == 3
+    assert "Training diverged" in res.output and "lower train.lr" in res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "diverged"
+    assert len((out / "metrics.csv").read_text().splitlines()) >= 2  # t = 0 row kept
+
+
+def _cli(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "fedclock", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_user_errors_are_one_sentence_without_traceback(tmp_path):
+    bad = _write(tmp_path, {"strategy": {"name": "fedavg", "deadline": 3}})
+    res = _cli("run", str(bad))
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Unknown config field 'strategy.deadline'" in lines[0]
+
+
+def test_corrupt_idx_file_is_named(tmp_path):
+    mnist = tmp_path / "mnist"
+    mnist.mkdir()
+    names = [
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    ]
+    for name in names:  # headers that announce data that is not there
+        magic = 2051 if "images" in name else 2049
+        header = magic.to_bytes(4, "big") + (10).to_bytes(4, "big")
+        if magic == 2051:
+            header += (28).to_bytes(4, "big") * 2
+        (mnist / f"{name}.gz").write_bytes(gzip.compress(header + b"\x00" * 5))
+    res = _cli("run", "--preset", "mnist-fedavg", "--data-dir", str(mnist), "-q")
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "train-images-idx3-ubyte.gz" in lines[0] and "truncated" in lines[0]
+
+
+@pytest.mark.skipif(
+    mnist_dir() is None, reason="MNIST not found in ../shared/data/mnist or $FEDCLOCK_DATA"
+)
+def test_mnist_fedavg_preset_reaches_95_percent(tmp_path):
+    res = runner.invoke(
+        app,
+        [
+            "run",
+            "--preset",
+            "mnist-fedavg",
+            "--data-dir",
+            str(mnist_dir()),
+            "--out",
+            str(tmp_path / "m"),
+            "--json",
+            "-q",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["final_test_accuracy"] >= 0.95
