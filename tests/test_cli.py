@@ -189,6 +189,7 @@ def test_corrupt_idx_file_is_named(tmp_path):
     assert len(lines) == 1 and "train-images-idx3-ubyte.gz" in lines[0] and "truncated" in lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     mnist_dir() is None, reason="MNIST not found in ../shared/data/mnist or $FEDCLOCK_DATA"
 )
