@@ -237,20 +237,30 @@ def compare(
                 progress_factory=lambda label: _Bar(progress, cfg, label),
                 on_result=lambda s, seed, r: _note_reuse(progress, s, seed, r),
             )  # fmt: skip
+    budget = f", budget {cfg.budget.virtual_time:g} virtual s" if cfg.budget.virtual_time else ""
+    spread = " (mean ± std)" if len(seed_list) > 1 else ""
     table = Table(
-        title=f"{cfg.name}: {len(names)} strategies × {len(seed_list)} seeds (mean ± std)"
+        title=f"{cfg.name}: {len(names)} strategies × {len(seed_list)} seed(s){budget}{spread}"
     )
-    cols = [("final_test_accuracy", "final acc"), ("best_test_accuracy", "best acc"), ("final_test_loss", "final loss"),
-            ("time_to_target", "time to target"), ("virtual_time", "virtual time"), ("aggregations", "aggregations"),
-            ("updates_discarded", "discarded"), ("useful_work_ratio", "useful work")]  # fmt: skip
-    table.add_column("strategy")
-    for _, label in cols:
+    target = cfg.eval.target_accuracy
+    cols = [
+        ("final_test_accuracy", "final acc", ".3f"),
+        ("best_test_accuracy", "best acc", ".3f"),
+        ("time_to_target", f"time to {target:g} (s)" if target else "time to target", ".4g"),
+        ("aggregations", "server steps", ".4g"),
+        ("updates_discarded", "discarded", ".4g"),
+        ("useful_work_ratio", "useful work", ".2f"),
+        ("clients_participated", "clients heard", ".4g"),
+    ]
+    table.add_column("strategy", no_wrap=True)
+    for _, label, _ in cols:
         table.add_column(label, justify="right")
     for r in rows:
         cells = []
-        for key, _ in cols:
+        for key, _, fmt in cols:
             m, s = r[f"{key}_mean"], r[f"{key}_std"]
-            cells.append("—" if m != m else f"{m:.4g} ± {s:.2g}")
+            text = "—" if m != m else format(m, fmt)
+            cells.append(text if r["n_seeds"] == 1 or m != m else f"{text} ± {s:.2g}")
         table.add_row(r["strategy"], *cells)
     table.caption = f"{out_dir}/table.csv · {out_dir}/table.md · {out_dir}/accuracy.png"
     console.print(table)

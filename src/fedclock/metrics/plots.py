@@ -47,13 +47,21 @@ def plot_groups(
         color = f"C{i % 10}"
         for ax, xkey in ((ax_t, "virtual_time"), (ax_a, "aggregation")):
             if len(runs) == 1:
-                ax.plot(runs[0][xkey], runs[0][metric], color=color, label=label, lw=1.6)
+                # a metric holds until the next evaluation
+                ax.plot(
+                    runs[0][xkey],
+                    runs[0][metric],
+                    color=color,
+                    label=label,
+                    lw=1.6,
+                    drawstyle="steps-post",
+                )
                 continue
             end = min(r[xkey][-1] for r in runs)
             grid = np.linspace(0.0, end, 400)
             ys = np.stack([step_interp(r[xkey], r[metric], grid) for r in runs])
             mean, std = np.nanmean(ys, 0), np.nanstd(ys, 0)
-            ax.plot(grid, mean, color=color, label=f"{label} (mean of {len(runs)})", lw=1.6)
+            ax.plot(grid, mean, color=color, label=f"{label} (mean ± std of {len(runs)})", lw=1.6)
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, lw=0)
     pretty = metric.replace("_", " ")
     ax_t.set_xlabel("virtual time (s)")
