@@ -286,3 +286,11 @@ def test_drop_stragglers_discards_late_updates_and_counts_waste(tmp_path):
     assert 0 < s["compute_s_wasted"] < s["compute_s_spent"]
     # every round closes at the deadline or earlier
     assert s["virtual_time"] <= 3 * 1.0 + 1e-9
+
+
+def test_digits_fedavg_preset_reaches_90_percent(tmp_path):
+    from fedclock.presets import load_preset
+
+    res = run_experiment(load_config(raw=load_preset("digits-fedavg")), run_dir=tmp_path / "r")
+    assert res.summary["status"] == "completed"
+    assert res.summary["final_test_accuracy"] >= 0.90
