@@ -147,7 +147,8 @@ def test_unknown_dataset_name() -> None:
     with pytest.raises(ConfigError) as err:
         load_dataset("foo", seed=0)
     msg = one_line(err)
-    assert "'foo'" in msg and "digits, mnist, synthetic" in msg
+    assert "'foo'" in msg
+    assert "cifar10, cifar100, digits, mnist, shakespeare, synthetic" in msg
 
 
 # --------------------------------------------------------------------------- IDX
@@ -427,7 +428,7 @@ def test_partition_validation() -> None:
     y = balanced_labels(3, 10)
     with pytest.raises(ConfigError) as err:
         partition(y, 4, scheme="foo", seed=0)
-    assert "iid, dirichlet, shards" in one_line(err)
+    assert "iid, dirichlet, shards, natural" in one_line(err)
     with pytest.raises(ConfigError) as err:
         partition(y, 31, scheme="iid", seed=0)
     assert "partition.num_clients" in one_line(err)

@@ -14,18 +14,38 @@ from torch import nn
 from fedclock.errors import ConfigError
 from fedclock.models import (
     MODEL_ARCHS,
+    VGG_CFGS,
     LayerInfo,
     build_model,
     layer_view,
     param_bytes,
+    rnn_flops,
     total_flops,
 )
 
 DIGITS = (1, 8, 8)
 MNIST = (1, 28, 28)
+CIFAR = (3, 32, 32)
+TEXT = (80,)
 
 
-@pytest.mark.parametrize("arch", MODEL_ARCHS)
+def arch_shape(arch: str) -> tuple[int, ...]:
+    """An input shape each architecture accepts."""
+    if arch == "lstm":
+        return TEXT
+    if arch == "fraboni_cnn" or arch.startswith("vgg"):
+        return CIFAR
+    return MNIST
+
+
+def arch_input(arch: str, batch: int, classes: int) -> torch.Tensor:
+    shape = arch_shape(arch)
+    if arch == "lstm":  # the vocabulary is the label set
+        return torch.randint(0, classes, (batch, *shape))
+    return torch.randn(batch, *shape)
+
+
+@pytest.mark.parametrize("arch", ["cnn", "logreg", "mlp"])
 @pytest.mark.parametrize(("shape", "classes"), [(DIGITS, 10), (MNIST, 10), (MNIST, 3)])
 def test_each_arch_builds_and_returns_logits(
     arch: str, shape: tuple[int, ...], classes: int
@@ -62,13 +82,22 @@ def test_salf_authors_cnn_shape() -> None:
 
 
 @pytest.mark.parametrize("arch", MODEL_ARCHS)
+def test_every_arch_returns_logits_on_its_input(arch: str) -> None:
+    model = build_model(arch, input_shape=arch_shape(arch), num_classes=7, seed=0, vgg_width=0.25)
+    out = model(arch_input(arch, 3, 7))
+    assert out.shape == (3, 7) and out.dtype == torch.float32
+    assert model.input_dtype == (torch.int64 if arch == "lstm" else torch.float32)
+
+
+@pytest.mark.parametrize("arch", MODEL_ARCHS)
 def test_seed_gives_identical_parameters_and_leaves_global_rng(arch: str) -> None:
     torch.manual_seed(1234)
     state = torch.get_rng_state()
-    a = build_model(arch, input_shape=MNIST, num_classes=10, seed=7)
+    kw = {"input_shape": arch_shape(arch), "num_classes": 10, "vgg_width": 0.25}
+    a = build_model(arch, seed=7, **kw)  # type: ignore[arg-type]
     assert torch.equal(torch.get_rng_state(), state)
-    b = build_model(arch, input_shape=MNIST, num_classes=10, seed=7)
-    c = build_model(arch, input_shape=MNIST, num_classes=10, seed=8)
+    b = build_model(arch, seed=7, **kw)  # type: ignore[arg-type]
+    c = build_model(arch, seed=8, **kw)  # type: ignore[arg-type]
     assert torch.equal(torch.get_rng_state(), state)
     pa, pb, pc = (list(m.state_dict().values()) for m in (a, b, c))
     assert all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
@@ -86,7 +115,10 @@ def test_without_seed_uses_global_rng() -> None:
 def test_unknown_arch_is_one_line_config_error() -> None:
     with pytest.raises(ConfigError) as info:
         build_model("resnet", input_shape=MNIST, num_classes=10)
-    assert str(info.value) == "model.arch 'resnet' is unknown; allowed: cnn, logreg, mlp."
+    assert str(info.value) == (
+        "model.arch 'resnet' is unknown; allowed: cnn, fraboni_cnn, logreg, lstm, mlp, "
+        "vgg11, vgg13, vgg16, vgg19."
+    )
     assert "\n" not in str(info.value)
 
 
@@ -102,6 +134,15 @@ def test_unknown_arch_is_one_line_config_error() -> None:
         ({"arch": "mlp", "input_shape": MNIST, "hidden": (10, 0)}, "model.hidden"),
         ({"arch": "mlp", "input_shape": MNIST, "num_classes": 0}, "model.num_classes"),
         ({"arch": "logreg", "input_shape": ()}, "model.input_shape"),
+        ({"arch": "fraboni_cnn", "input_shape": DIGITS}, "model.input_shape"),
+        ({"arch": "fraboni_cnn", "input_shape": (64,)}, "model.input_shape"),
+        ({"arch": "vgg11", "input_shape": MNIST}, "model.input_shape"),
+        ({"arch": "vgg11", "input_shape": CIFAR, "vgg_width": 0}, "model.vgg_width"),
+        ({"arch": "lstm", "input_shape": MNIST}, "model.input_shape"),
+        ({"arch": "lstm", "input_shape": TEXT, "lstm_hidden": 0}, "model.lstm_hidden"),
+        ({"arch": "lstm", "input_shape": TEXT, "lstm_layers": 0}, "model.lstm_layers"),
+        ({"arch": "lstm", "input_shape": TEXT, "embed_dim": 0}, "model.embed_dim"),
+        ({"arch": "cnn", "input_shape": MNIST, "fc_hidden": 0}, "model.fc_hidden"),
     ],
 )
 def test_invalid_combinations_name_the_field(kwargs: dict[str, object], field: str) -> None:
@@ -223,3 +264,282 @@ def test_mlp_layer_view_property(in_dims: list[int], hidden: list[int], classes:
     assert [layer.bwd_flops for layer in layers] == [
         (2 if j == 0 else 4) * i * o for j, (i, o) in enumerate(dims)
     ]
+
+
+# --------------------------------------------------------------------------- CIFAR-shaped CNNs
+
+
+def _output_sides(model: nn.Module, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+    """(module type, per-sample output shape) of every module of ``model.net``, in order."""
+    seen: list[tuple[str, tuple[int, ...]]] = []
+    hooks = [
+        m.register_forward_hook(
+            lambda m, _i, o: seen.append((type(m).__name__, tuple(o.shape[1:])))
+        )
+        for m in model.net  # type: ignore[attr-defined,union-attr]
+    ]
+    model(torch.zeros(2, *shape))
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+def test_fraboni_cnn_shapes_32_30_15_13_6_4() -> None:
+    model = build_model("fraboni_cnn", input_shape=CIFAR, num_classes=10, seed=0)
+    seen = _output_sides(model, CIFAR)
+    assert seen == [
+        ("Conv2d", (32, 30, 30)),
+        ("ReLU", (32, 30, 30)),
+        ("MaxPool2d", (32, 15, 15)),
+        ("Conv2d", (64, 13, 13)),
+        ("ReLU", (64, 13, 13)),
+        ("MaxPool2d", (64, 6, 6)),
+        ("Conv2d", (64, 4, 4)),  # no ReLU after the third conv
+        ("Flatten", (1024,)),
+        ("Linear", (64,)),
+        ("ReLU", (64,)),
+        ("Linear", (10,)),
+    ]
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert all(c.kernel_size == (3, 3) and c.padding == (0, 0) for c in convs)
+    sizes = [3 * 32 * 9 + 32, 32 * 64 * 9 + 64, 64 * 64 * 9 + 64, 1024 * 64 + 64, 64 * 10 + 10]
+    assert sum(p.numel() for p in model.parameters()) == sum(sizes) == 122_570
+    layers = layer_view(model, CIFAR)
+    assert [layer.num_params for layer in layers] == sizes
+    fwd = [
+        2 * 3 * 32 * 9 * 30 * 30,
+        2 * 32 * 64 * 9 * 13 * 13,
+        2 * 64 * 64 * 9 * 4 * 4,
+        2 * 1024 * 64,
+        2 * 64 * 10,
+    ]
+    assert [layer.fwd_flops for layer in layers] == fwd
+    assert [layer.bwd_flops for layer in layers] == [fwd[0]] + [2 * f for f in fwd[1:]]
+
+
+def test_fraboni_cnn_cifar100_head_and_fc_override() -> None:
+    m100 = build_model("fraboni_cnn", input_shape=CIFAR, num_classes=100)
+    linears = [m for m in m100.modules() if isinstance(m, nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(1024, 256), (256, 100)]
+    m = build_model("fraboni_cnn", input_shape=CIFAR, num_classes=10, fc_hidden=32)
+    linears = [m for m in m.modules() if isinstance(m, nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(1024, 32), (32, 10)]
+
+
+def test_cnn_default_fc_hidden_is_512() -> None:
+    model = build_model("cnn", input_shape=MNIST, num_classes=10)
+    assert [m.out_features for m in model.modules() if isinstance(m, nn.Linear)] == [512, 10]
+
+
+def test_salf_authors_cnn_on_cifar_shape_flattens_150() -> None:
+    model = build_model(
+        "cnn", input_shape=CIFAR, num_classes=10, channels=(6, 6), fc_hidden=50, padding="valid"
+    )
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(150, 50), (50, 10)]
+    # 8 state-dict entries, as the authors' CNN2Layer
+    assert len(model.state_dict()) == 8
+
+
+# --------------------------------------------------------------------------- VGG
+
+
+@pytest.mark.parametrize(
+    ("arch", "convs", "entries"),
+    [("vgg11", 8, 58), ("vgg13", 10, 72), ("vgg16", 13, 93), ("vgg19", 16, 114)],
+)
+def test_vgg_structure_matches_the_reference(arch: str, convs: int, entries: int) -> None:
+    model = build_model(arch, input_shape=CIFAR, num_classes=10, seed=0)
+    # each conv block: conv w, b, bn w, b, running_mean, running_var, num_batches_tracked
+    assert len(model.state_dict()) == entries == 7 * convs + 2
+    conv_mods = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert len(conv_mods) == convs
+    assert all(
+        c.kernel_size == (3, 3) and c.padding == (1, 1) and c.bias is not None for c in conv_mods
+    )
+    assert [c.out_channels for c in conv_mods] == [v for v in VGG_CFGS[arch] if v != "M"]
+    assert sum(isinstance(m, nn.MaxPool2d) for m in model.modules()) == 5
+    (head,) = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert (head.in_features, head.out_features) == (512, 10)
+
+
+def test_vgg_layer_view_counts_batchnorm_as_layers() -> None:
+    model = build_model("vgg11", input_shape=CIFAR, num_classes=10, seed=0)
+    layers = layer_view(model, CIFAR, batch=2)
+    _check_param_cover(model, layers)
+    kinds = [type(dict(model.named_modules())[layer.name]).__name__ for layer in layers]
+    assert kinds == ["Conv2d", "BatchNorm2d"] * 8 + ["Linear"]
+    bn = [layer for layer, k in zip(layers, kinds, strict=True) if k == "BatchNorm2d"]
+    assert all(layer.fwd_flops == 0 and layer.bwd_flops == 0 for layer in bn)
+    assert all(len(layer.param_names) == 2 for layer in bn)  # weight + bias; stats are buffers
+    assert layers[0].fwd_flops == 2 * 3 * 64 * 9 * 32 * 32
+    assert layers[2].fwd_flops == 2 * 64 * 128 * 9 * 16 * 16  # after the first pool
+    assert layers[-1].fwd_flops == 2 * 512 * 10
+    # layer_view leaves the batch-norm running statistics as they were
+    stats = {k: v.clone() for k, v in model.state_dict().items() if "running" in k}
+    layer_view(model, CIFAR, batch=2)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in stats.items())
+
+
+def test_vgg_width_scales_channels() -> None:
+    model = build_model("vgg11", input_shape=CIFAR, num_classes=10, vgg_width=0.25)
+    chans = [m.out_channels for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert chans == [16, 32, 64, 64, 128, 128, 128, 128]
+    (head,) = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert head.in_features == 128
+
+
+# --------------------------------------------------------------------------- LSTM
+
+
+def test_lstm_structure_and_equivalence_to_two_layer_nn_lstm() -> None:
+    model = build_model("lstm", input_shape=TEXT, num_classes=100, seed=0)
+    assert [n for n, _ in model.named_parameters()] == [
+        "net.0.weight",
+        *(f"net.1.{k}_l0" for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")),
+        *(f"net.2.{k}_l0" for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")),
+        "net.4.weight",
+        "net.4.bias",
+    ]
+    assert tuple(model.net[0].weight.shape) == (100, 8)  # type: ignore[index,union-attr]
+    # the reference: Embedding(100, 8) -> LSTM(8, 100, num_layers=2) -> Linear on the last step
+    emb, lstm, fc = nn.Embedding(100, 8), nn.LSTM(8, 100, 2, batch_first=True), nn.Linear(100, 100)
+    sd = model.state_dict()
+    with torch.no_grad():
+        emb.weight.copy_(sd["net.0.weight"])
+        for layer in (0, 1):
+            for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                getattr(lstm, f"{k}_l{layer}").copy_(sd[f"net.{layer + 1}.{k}_l0"])
+        fc.weight.copy_(sd["net.4.weight"])
+        fc.bias.copy_(sd["net.4.bias"])
+        x = torch.randint(0, 100, (4, 80))
+        ref = fc(lstm(emb(x))[0][:, -1])
+        torch.testing.assert_close(model(x), ref)
+        # token ids stored as floats are read as ids (layer views dry-run on zeros)
+        torch.testing.assert_close(model(x.float()), ref)
+
+
+def test_lstm_functional_call_uses_the_given_parameters() -> None:
+    """The evaluator and the vectorized executor swap parameters in with functional_call."""
+    from torch.func import functional_call
+
+    a = build_model("lstm", input_shape=(12,), num_classes=30, lstm_hidden=16, seed=1)
+    b = build_model("lstm", input_shape=(12,), num_classes=30, lstm_hidden=16, seed=2)
+    x = torch.randint(0, 30, (3, 12))
+    with torch.no_grad():
+        got = functional_call(a, dict(b.named_parameters()), (x,))
+        torch.testing.assert_close(got, b(x))
+        assert not torch.allclose(a(x), b(x))
+
+
+def test_rnn_flops_hand_computed() -> None:
+    # T=3, i=2, h=4, LSTM (4 gates): one step is 4·(2·2·4 + 2·4·4) = 192 FLOPs
+    fwd, bwd = rnn_flops(seq_len=3, input_size=2, hidden_size=4)
+    assert fwd == 3 * 192 == 576
+    # weight grads 576 + recurrent grads (3−1)·4·2·4·4 = 256 + input grads 3·4·2·2·4 = 192
+    assert bwd == 576 + 256 + 192 == 1024
+    assert rnn_flops(seq_len=3, input_size=2, hidden_size=4, input_requires_grad=False) == (
+        576,
+        576 + 256,
+    )
+    # a second layer reads the first's 4 outputs: step 4·(2·4·4 + 2·4·4) = 256
+    fwd2, bwd2 = rnn_flops(seq_len=3, input_size=2, hidden_size=4, num_layers=2)
+    assert fwd2 == 576 + 3 * 256
+    assert bwd2 == 1024 + (3 * 256 + 2 * 128 + 3 * 4 * 2 * 4 * 4)
+    # bidirectional doubles every layer; a GRU has 3 gate blocks, a plain RNN 1
+    assert rnn_flops(seq_len=3, input_size=2, hidden_size=4, bidirectional=True) == (1152, 2048)
+    assert rnn_flops(seq_len=3, input_size=2, hidden_size=4, gates=1) == (144, 256)
+    # the Shakespeare model: T=80, embed 8 -> 100 -> 100
+    assert rnn_flops(seq_len=80, input_size=8, hidden_size=100)[0] == 80 * 4 * (1600 + 20000)
+
+
+class _MatmulLSTM(nn.Module):
+    """An LSTM layer written out in matrix products, which FlopCounterMode does count."""
+
+    def __init__(self, i: int, h: int) -> None:
+        super().__init__()
+        self.h = h
+        self.w_ih = nn.Parameter(torch.randn(4 * h, i) * 0.3)
+        self.w_hh = nn.Parameter(torch.randn(4 * h, h) * 0.3)
+        self.b = nn.Parameter(torch.zeros(4 * h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xw = torch.nn.functional.linear(x, self.w_ih, self.b)  # (B, T, 4h) in one product
+        h = x.new_zeros(x.shape[0], self.h)
+        c = torch.zeros_like(h)
+        outs = []
+        for t in range(x.shape[1]):
+            i, f, g, o = (xw[:, t] + h @ self.w_hh.T).chunk(4, dim=1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            outs.append(h)
+        return torch.stack(outs, 1)
+
+
+@pytest.mark.parametrize("needs_grad", [True, False])
+def test_rnn_flops_equal_flop_counter_on_a_matmul_lstm(needs_grad: bool) -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    t, i, h, b = 5, 3, 6, 4
+    cell = _MatmulLSTM(i, h)
+    x = torch.randn(b, t, i, requires_grad=needs_grad)
+    with FlopCounterMode(display=False) as counter:
+        out = cell(x)
+        fwd = counter.get_total_flops()
+        out.sum().backward()
+        total = counter.get_total_flops()
+    assert (fwd / b, (total - fwd) / b) == rnn_flops(
+        seq_len=t, input_size=i, hidden_size=h, input_requires_grad=needs_grad
+    )
+
+
+def test_flop_counter_does_not_count_nn_lstm() -> None:
+    """Why layer_view counts recurrent layers with rnn_flops (see the layers module docstring)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    lstm = nn.LSTM(3, 6, batch_first=True)
+    with FlopCounterMode(display=False) as counter:
+        lstm(torch.randn(2, 5, 3))[0].sum().backward()
+    if counter.get_total_flops() != 0:  # pragma: no cover - a future torch may count it
+        pytest.skip("this torch counts LSTM FLOPs; rnn_flops still overrides it in layer_view")
+
+
+def test_lstm_layer_view() -> None:
+    model = build_model("lstm", input_shape=TEXT, num_classes=100, seed=0)
+    layers = layer_view(model, TEXT, batch=2)
+    _check_param_cover(model, layers)
+    assert [layer.name for layer in layers] == ["net.0", "net.1", "net.2", "net.4"]
+    assert [layer.num_params for layer in layers] == [
+        800,
+        4 * 100 * (8 + 100) + 2 * 400,
+        4 * 100 * (100 + 100) + 2 * 400,
+        100 * 100 + 100,
+    ]
+    emb, l1, l2, fc = layers
+    assert (emb.fwd_flops, emb.bwd_flops) == (0, 0)  # a lookup
+    # the embedding's output needs a gradient (its weight is trained), so l1 counts input grads
+    assert (l1.fwd_flops, l1.bwd_flops) == rnn_flops(seq_len=80, input_size=8, hidden_size=100)
+    assert (l2.fwd_flops, l2.bwd_flops) == rnn_flops(seq_len=80, input_size=100, hidden_size=100)
+    assert (fc.fwd_flops, fc.bwd_flops) == (2 * 100 * 100, 4 * 100 * 100)
+    assert l1.fwd_flops == 80 * 4 * (2 * 8 * 100 + 2 * 100 * 100)
+    assert layer_view(model, TEXT, batch=1) == layers
+
+
+@pytest.mark.parametrize(
+    ("arch", "dtype", "words"),
+    [
+        ("lstm", torch.float32, "needs token ids"),
+        ("mlp", torch.int64, "needs real-valued input"),
+        ("fraboni_cnn", torch.int64, "needs real-valued input"),
+    ],
+)
+def test_input_dtype_must_fit_the_arch(arch: str, dtype: torch.dtype, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build_model(arch, input_shape=arch_shape(arch), num_classes=10, input_dtype=dtype)
+    assert words in str(info.value) and "\n" not in str(info.value)
+    build_model(  # the matching type is fine
+        arch,
+        input_shape=arch_shape(arch),
+        num_classes=10,
+        input_dtype=torch.int64 if dtype.is_floating_point else torch.float32,
+    )

@@ -202,10 +202,29 @@ def compare(
     target_accuracy: Annotated[
         float | None, typer.Option(help="Accuracy for the time-to-target column.")
     ] = None,
+    lr_grid: Annotated[
+        str | None,
+        typer.Option(
+            "--lr-grid",
+            help="Comma-separated train.lr values (or 'preset' for compare.lr_grid): each "
+            "strategy is reported at the rate with the lowest final federated loss.",
+        ),
+    ] = None,
+    lr_tune_on: Annotated[
+        str | None,
+        typer.Option(
+            "--lr-tune-on",
+            help="With --lr-grid: every strategy uses the rate selected for this one "
+            "(default: compare.lr_tune_on, else each strategy its own best).",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Paired comparison of strategies over seeds (common random numbers): table + plot."""
+    """Paired comparison of strategies over seeds (common random numbers): table + plot.
+
+    A strategy may carry strategy.* overrides after colons, e.g. fedfix:delta_t=0.2.
+    """
     from fedclock.compare import run_compare
     from fedclock.errors import ConfigError
     from fedclock.strategies import STRATEGIES
@@ -222,10 +241,23 @@ def compare(
             or ["fedavg", "drop-stragglers"]
         )
         for n in names:
-            if n not in STRATEGIES:
+            if n.split(":")[0] not in STRATEGIES:
                 raise ConfigError(
                     f"Unknown strategy '{n}' in --strategies; allowed: {', '.join(sorted(STRATEGIES))}."
                 )
+        if lr_grid is not None and lr_grid.strip() == "preset":
+            rates = list(cfg.compare.lr_grid)
+            if not rates:
+                raise ConfigError("--lr-grid preset needs compare.lr_grid in the config.")
+        else:
+            try:
+                rates = _csv_list(lr_grid, float)
+            except ValueError:
+                raise ConfigError(
+                    f"--lr-grid must be comma-separated numbers, got '{lr_grid}'."
+                ) from None
+            if any(not r > 0 for r in rates):
+                raise ConfigError(f"--lr-grid rates must all be > 0, got '{lr_grid}'.")
         try:
             seed_list = _csv_list(seeds, int) or list(cfg.compare.seeds) or [cfg.seed]
         except ValueError:
@@ -233,7 +265,8 @@ def compare(
         out_dir = out or Path(cfg.output_dir) / f"compare-{cfg.name}"
         with _progress(console, quiet) as progress:
             rows, error = run_compare(
-                cfg, names, seed_list, out_dir,
+                cfg, names, seed_list, out_dir, lr_grid=rates,
+                lr_tune_on=(lr_tune_on or cfg.compare.lr_tune_on) if rates else None,
                 progress_factory=lambda label: _Bar(progress, cfg, label),
                 on_result=lambda s, seed, r: _note_reuse(progress, s, seed, r),
             )  # fmt: skip
@@ -252,11 +285,27 @@ def compare(
         ("useful_work_ratio", "useful work", ".2f"),
         ("clients_participated", "clients heard", ".4g"),
     ]
+    if rows and "federated_loss_tail_mean" in rows[0]:
+        # Fraboni et al.'s problems (eqs. 2 and 10), averaged over the last 10% of the run
+        cols = [
+            ("final_test_accuracy", "final acc", ".3f"),
+            ("federated_loss_tail", "federated loss", ".4g"),
+            ("participation_loss_tail", "particip. loss", ".4g"),
+            ("client_loss_std_tail", "client std", ".3g"),
+            ("aggregations", "server steps", ".4g"),
+            ("mean_staleness", "staleness", ".3g"),
+        ]
+    ids = [
+        k for k in (rows[0] if rows else {})
+        if k not in ("strategy", "n_seeds") and not k.endswith(("_mean", "_std"))
+    ]  # fmt: skip
     table.add_column("strategy", no_wrap=True)
+    for k in ids:
+        table.add_column(k, justify="right")
     for _, label, _ in cols:
         table.add_column(label, justify="right")
     for r in rows:
-        cells = []
+        cells = [str(r[k]) if r[k] != "" else "—" for k in ids]
         for key, _, fmt in cols:
             m, s = r[f"{key}_mean"], r[f"{key}_std"]
             text = "—" if m != m else format(m, fmt)
@@ -268,6 +317,80 @@ def compare(
         from fedclock.metrics.recorder import json_safe
 
         typer.echo(json.dumps({"out": str(out_dir), "rows": json_safe(rows)}))
+    if error:
+        Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        raise typer.Exit(3)
+
+
+@app.command()
+def sweep(
+    config: ConfigArg = None,
+    preset: PresetOpt = None,
+    over: Annotated[
+        str | None,
+        typer.Option(help="section.field=v1,v2,... to sweep (default: the config's compare.over)."),
+    ] = None,
+    strategies: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated strategies (default: the config's compare.strategies)."),
+    ] = None,
+    seeds: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated seeds (default: compare.seeds, else the config's seed)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Output folder (default runs/sweep-<name>)."),
+    ] = None,
+    set_: SetOpt = None,
+    data_dir: DataDirOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Strategies × values of one config field × seeds (resumable): table.csv/md, pivot.md, plot."""
+    from fedclock.errors import ConfigError
+    from fedclock.strategies import STRATEGIES
+    from fedclock.sweep import headline_metric, parse_over, run_sweep
+
+    console = _console(False)
+    with _user_errors():
+        cfg = _load(config, preset, list(set_ or []), data_dir)
+        text = over or (cfg.compare.over[0] if cfg.compare.over else None)
+        if text is None:
+            raise ConfigError(
+                "Give --over section.field=v1,v2,... (or compare.over in the config)."
+            )
+        path, values = parse_over(text)
+        names = _csv_list(strategies, str) or list(cfg.compare.strategies) or [cfg.strategy.name]
+        for n in names:
+            if n.split(":")[0] not in STRATEGIES:
+                raise ConfigError(
+                    f"Unknown strategy '{n}' in --strategies; allowed: {', '.join(sorted(STRATEGIES))}."
+                )
+        try:
+            seed_list = _csv_list(seeds, int) or list(cfg.compare.seeds) or [cfg.seed]
+        except ValueError:
+            raise ConfigError(f"--seeds must be comma-separated integers, got '{seeds}'.") from None
+        out_dir = out or Path(cfg.output_dir) / f"sweep-{cfg.name}"
+        with _progress(console, quiet) as progress:
+            rows, error = run_sweep(
+                cfg, path, values, names, seed_list, out_dir,
+                progress_factory=lambda label: _Bar(progress, cfg, label),
+                on_result=lambda s, seed, r: _note_reuse(progress, s, seed, r),
+            )  # fmt: skip
+    metric = headline_metric(rows)
+    table = Table(title=f"{cfg.name}: {metric} over {path} ({len(seed_list)} seed(s))")
+    table.add_column("strategy", no_wrap=True)
+    for v in values:
+        table.add_column(str(v), justify="right")
+    for name in dict.fromkeys(r["strategy"] for r in rows):
+        by_v = {r[path]: r for r in rows if r["strategy"] == name}
+        table.add_row(
+            name, *(format(by_v[v][f"{metric}_mean"], ".3f") if v in by_v else "—" for v in values)
+        )
+    table.caption = f"{out_dir}/table.csv · {out_dir}/table.md · {out_dir}/pivot.md · sweep.png"
+    console.print(table)
     if error:
         Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(3)

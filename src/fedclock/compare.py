@@ -4,6 +4,21 @@ Every strategy runs with the same seed, hence the same keyed random streams:
 the same device slowdown draws, client samples, data partition, initial model
 and batch orders (common random numbers). Finished cells whose stored config
 matches are reused, so an interrupted comparison resumes where it stopped.
+
+A strategy entry may carry ``strategy.*`` overrides after colons, e.g.
+``fedfix:delta_t=0.2`` or ``fedbuff:buffer_size=5:staleness=polynomial``, and
+any other field by its dotted path (``async-identical:train.local_steps=5``);
+every overridden field becomes a column of the table (FedFix's Δt, FedBuff's m).
+
+With a learning-rate grid (``--lr-grid`` / ``compare.lr_grid``) every entry runs
+at every ``train.lr`` of the grid on every seed, and the table keeps, per entry,
+the learning rate whose runs end with the lowest federated loss (eq. 2): the
+mean over seeds of ``federated_loss_tail``, the federated loss averaged over the
+last 10% of the virtual time — or of ``final_test_loss`` when client losses are
+not evaluated. A learning rate with a diverged seed is never selected. With
+``lr_tune_on`` every entry uses the rate selected for that one entry (Fraboni et
+al. tune η_l on *Identical* and run *Time-based* at the same rate). Every
+(entry, lr) cell is listed in ``lr_grid.csv`` and plotted in ``lr_grid.png``.
 """
 
 from __future__ import annotations
@@ -16,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
-from fedclock.config import ExperimentConfig, to_yaml
+from fedclock.config import ExperimentConfig, apply_overrides, to_yaml, validate
+from fedclock.errors import ConfigError
 from fedclock.experiment import RunResult, run_experiment
 from fedclock.metrics.plots import plot_groups, read_metrics
 
@@ -25,21 +42,81 @@ from fedclock.metrics.plots import plot_groups, read_metrics
 _NOT_METRICS = {"seed", "num_clients", "target_accuracy"}
 
 
-def cell_config(cfg: ExperimentConfig, strategy: str, seed: int) -> ExperimentConfig:
+def parse_strategy(entry: str) -> tuple[str, dict[str, Any]]:
+    """``"fedfix:delta_t=0.2"`` → ``("fedfix", {"delta_t": 0.2})`` (values parsed as YAML)."""
+    name, *parts = entry.split(":")
+    overrides: dict[str, Any] = {}
+    for part in parts:
+        key, eq, text = part.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(
+                f"Strategy entry '{entry}' must look like name:field=value[:field=value]."
+            )
+        try:
+            overrides[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ConfigError(
+                f"Strategy entry '{entry}' has a value that is not valid YAML."
+            ) from None
+    return name.strip(), overrides
+
+
+def entry_dir(entry: str) -> str:
+    """A folder name for a strategy entry (``fedfix:delta_t=0.2`` → ``fedfix-delta_t=0.2``)."""
+    return entry.replace(":", "-").replace("/", "_")
+
+
+def cell_config(
+    cfg: ExperimentConfig, strategy: str, seed: int, *, lr: float | None = None
+) -> ExperimentConfig:
+    """The config of one cell: ``strategy`` is an entry (name and optional overrides)."""
+    name, overrides = parse_strategy(strategy)
     data = cfg.model_dump()
-    data["strategy"]["name"] = strategy
+    data["strategy"]["name"] = name
+    for key, value in overrides.items():
+        if key in ("train.local_steps", "train.local_epochs"):  # one replaces the other
+            data["train"]["local_epochs" if key.endswith("steps") else "local_steps"] = None
+        if "." in key:  # a full path, e.g. train.local_steps
+            apply_overrides(
+                data, [f"{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"]
+            )
+        else:
+            data["strategy"][key] = value
+    if lr is not None:
+        data["train"]["lr"] = lr
     data["seed"] = seed
-    return ExperimentConfig.model_validate(data)
+    return validate(data)
 
 
-def reusable(run_dir: Path, cfg: ExperimentConfig) -> dict[str, Any] | None:
-    """The stored summary of a finished run with exactly this config, else None."""
+def selection_loss(summaries: Sequence[dict[str, Any]]) -> tuple[str, float]:
+    """(metric, mean over seeds) used to pick the best learning rate; inf if any seed failed."""
+    key = "final_test_loss"
+    for candidate in ("federated_loss_tail", "federated_loss"):
+        if all(candidate in s for s in summaries):
+            key = candidate
+            break
+    vals = [s.get(key) for s in summaries]
+    bad = any(
+        s.get("status") != "completed" or v is None or not math.isfinite(float(v))
+        for s, v in zip(summaries, vals, strict=True)
+    )
+    return key, (math.inf if bad or not vals else float(np.mean(np.asarray(vals, dtype=float))))
+
+
+def reusable(
+    run_dir: Path, cfg: ExperimentConfig, accept: tuple[str, ...] = ("completed",)
+) -> dict[str, Any] | None:
+    """The stored summary of a finished run with exactly this config and fedclock version, else None."""
+    from fedclock import __version__
+
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
+        meta = json.loads((run_dir / "meta.json").read_text())
         same = (run_dir / "config.yaml").read_text() == to_yaml(cfg)
-    except (OSError, ValueError):
+        same = same and meta["versions"].get("fedclock") == __version__
+    except (OSError, ValueError, KeyError):
         return None
-    return summary if same and summary.get("status") == "completed" else None
+    return summary if same and summary.get("status") in accept else None
 
 
 def aggregate_rows(summaries: Sequence[dict[str, Any]], keys: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +159,11 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path, *, id_cols: Sequence[
         ("final_test_accuracy", "final acc", 3),
         ("best_test_accuracy", "best acc", 3),
         ("final_test_loss", "final loss", 3),
+        ("federated_loss_tail", "federated loss (last 10%)", 3),
+        ("participation_loss_tail", "participation loss (last 10%)", 3),
+        ("surrogate_loss_tail", "surrogate loss (last 10%)", 3),
+        ("client_loss_std_tail", "client loss std (last 10%)", 3),
+        ("mean_staleness", "mean staleness", 3),
         ("time_to_target", "time to target (s)", 4),
         ("virtual_time", "virtual time (s)", 4),
         ("aggregations", "aggregations", 4),
@@ -109,39 +191,195 @@ def run_compare(
     seeds: Sequence[int],
     out: Path,
     *,
+    lr_grid: Sequence[float] = (),
+    lr_tune_on: str | None = None,
     progress_factory: Callable[[str], Callable[[Any], None] | None] = lambda label: None,
     on_result: Callable[[str, int, RunResult | None], None] = lambda s, seed, r: None,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """Run the grid; return (table rows, error sentence of a cell that stopped early)."""
-    summaries: dict[str, list[dict[str, Any]]] = {s: [] for s in strategies}
-    curves: dict[str, list[dict[str, np.ndarray]]] = {s: [] for s in strategies}
+    """Run the grid; return (table rows, error sentence of a cell that stopped early).
+
+    Without a learning-rate grid a diverged cell stops the comparison (its
+    sentence is returned); with one, divergence only disqualifies that rate.
+    """
+    parsed = {e: parse_strategy(e) for e in strategies}
+    if lr_tune_on is not None and lr_tune_on not in strategies:
+        raise ConfigError(
+            f"The learning rate is tuned on '{lr_tune_on}', which is not among the "
+            f"compared strategies ({', '.join(strategies)})."
+        )
+    if lr_tune_on is not None:  # run it first: its best rate is everyone's
+        strategies = [lr_tune_on, *(e for e in strategies if e != lr_tune_on)]
+    for entry in strategies:  # fail on a bad entry before any compute
+        cell_config(cfg, entry, seeds[0])
+    swept: list[str] = []
+    for _, overrides in parsed.values():
+        swept += [k for k in overrides if k not in swept]
+    lrs: list[float | None] = list(lr_grid) or [None]
+    summaries: dict[tuple[str, float | None], list[dict[str, Any]]] = {}
+    curves: dict[tuple[str, float | None], list[dict[str, np.ndarray]]] = {}
+    accept = ("completed", "diverged") if lr_grid else ("completed",)
     error = None
-    for strategy in strategies:
-        for seed in seeds:
-            ccfg = cell_config(cfg, strategy, seed)
-            run_dir = out / "runs" / strategy / f"seed-{seed}"
-            summary = reusable(run_dir, ccfg)
-            if summary is None:
-                result = run_experiment(
-                    ccfg, run_dir=run_dir, progress=progress_factory(f"{strategy} seed {seed}")
-                )
-                on_result(strategy, seed, result)
-                summary = result.summary
-                if result.summary["status"] != "completed":
-                    error = result.error
-            else:
-                on_result(strategy, seed, None)
-            summaries[strategy].append(summary)
-            curves[strategy].append(read_metrics(run_dir))
+    for entry in strategies:
+        for lr in lrs:
+            cell = (entry, lr)
+            summaries[cell], curves[cell] = [], []
+            for seed in seeds:
+                ccfg = cell_config(cfg, entry, seed, lr=lr)
+                run_dir = out / "runs" / entry_dir(entry)
+                if lr is not None:
+                    run_dir = run_dir / f"lr-{lr:g}"
+                run_dir = run_dir / f"seed-{seed}"
+                label = entry if lr is None else f"{entry} lr {lr:g}"
+                summary = reusable(run_dir, ccfg, accept)
+                if summary is None:
+                    result = run_experiment(
+                        ccfg, run_dir=run_dir, progress=progress_factory(f"{label} seed {seed}")
+                    )
+                    on_result(label, seed, result)
+                    summary = result.summary
+                    if summary["status"] != "completed" and not lr_grid:
+                        error = result.error
+                else:
+                    on_result(label, seed, None)
+                summaries[cell].append(summary)
+                curves[cell].append(read_metrics(run_dir))
+                if error or summary["status"] != "completed":
+                    break  # a diverged rate is out; no need for its other seeds
             if error:
                 break
         if error:
             break
-    rows = [aggregate_rows(v, {"strategy": k}) for k, v in summaries.items() if v]
-    write_table(rows, out, id_cols=["strategy"])
-    plot_groups(
-        curves,
-        out / "accuracy.png",
-        title=f"{cfg.name}: test accuracy (seeds {', '.join(map(str, seeds))})",
-    )
+
+    def keys(entry: str) -> dict[str, Any]:
+        name, overrides = parsed[entry]
+        return {"strategy": name, **{k: overrides.get(k, "") for k in swept}}
+
+    rows: list[dict[str, Any]] = []
+    chosen: dict[str, tuple[str, float | None]] = {}
+    grid_rows: list[dict[str, Any]] = []
+    for entry in strategies:
+        cells = [(entry, lr) for lr in lrs if summaries.get((entry, lr))]
+        if not cells:
+            continue
+        losses = {c: selection_loss(summaries[c]) for c in cells}
+        best = min(cells, key=lambda c: losses[c][1])  # ties: the smaller index (grid order)
+        if lr_tune_on is not None and lr_tune_on in chosen:
+            tuned = (entry, chosen[lr_tune_on][1])
+            best = tuned if tuned in losses else best
+        chosen[entry] = best
+        if lr_grid:
+            for c in cells:
+                metric, value = losses[c]
+                grid_rows.append(
+                    {
+                        **keys(entry),
+                        "lr": c[1],
+                        "selected_by": metric,
+                        "selection_loss": value,
+                        "selected": int(c == best),
+                        "status": "completed" if math.isfinite(value) else "diverged",
+                        "n_seeds": len(summaries[c]),
+                    }
+                )
+            rows.append(aggregate_rows(summaries[best], {**keys(entry), "lr": best[1]}))
+        else:
+            rows.append(aggregate_rows(summaries[best], keys(entry)))
+    id_cols = ["strategy", *swept, *(["lr"] if lr_grid else [])]
+    if rows:
+        write_table(rows, out, id_cols=id_cols)
+    if grid_rows:
+        _write_lr_grid(grid_rows, out, cfg.name)
+    groups = {entry: curves[cell] for entry, cell in chosen.items()}
+    seeds_text = ", ".join(map(str, seeds))
+    runs = [r for rs in groups.values() for r in rs if r]
+    if runs:
+        plot_groups(
+            groups, out / "accuracy.png", title=f"{cfg.name}: test accuracy (seeds {seeds_text})"
+        )
+    if runs and all(LOSS_PANELS[0][0] in r for r in runs):
+        plot_loss_panels(groups, out / "losses.png", title=f"{cfg.name} (seeds {seeds_text})")
     return rows, error
+
+
+LOSS_PANELS = (
+    ("federated_loss", "federated loss, eq. (2)"),
+    ("participation_loss", "participation-weighted loss (authors' surrogate)"),
+    ("surrogate_loss", "surrogate loss, eq. (10), own q"),
+    ("client_loss_std", "std of the client losses"),
+)
+
+
+def plot_loss_panels(
+    groups: dict[str, list[dict[str, np.ndarray]]], out: Path, *, title: str
+) -> Path:
+    """Fraboni et al.'s Fig. 2 panels vs virtual time (log scale): mean ± std over seeds."""
+    import matplotlib.pyplot as plt
+
+    from fedclock.metrics.plots import step_interp
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
+    for (metric, label), ax in zip(LOSS_PANELS, axes.flat, strict=True):
+        for i, (name, runs) in enumerate(groups.items()):
+            runs = [r for r in runs if r]
+            if not runs:
+                continue
+            end = min(r["virtual_time"][-1] for r in runs)
+            grid = np.linspace(0.0, end, 600)
+            ys = np.stack([step_interp(r["virtual_time"], r[metric], grid) for r in runs])
+            mean, std = np.nanmean(ys, 0), np.nanstd(ys, 0)
+            color = f"C{i % 10}"
+            ax.plot(grid, mean, color=color, lw=1.4, label=f"{name} ({len(runs)} seeds)")
+            if len(runs) > 1:
+                ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, lw=0)
+        ax.set_yscale("log")
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+    for ax in axes[1]:
+        ax.set_xlabel("virtual time (s)")
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _write_lr_grid(rows: Sequence[dict[str, Any]], out: Path, title: str) -> None:
+    """lr_grid.csv (every entry × learning rate) and lr_grid.png (selection loss vs lr)."""
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "lr_grid.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        for r in rows:
+            w.writerow(
+                {
+                    k: ("" if isinstance(v, float) and not math.isfinite(v) else v)
+                    for k, v in r.items()
+                }
+            )
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    labels: dict[str, list[tuple[float, float]]] = {}
+    skip = {"lr", "selected_by", "selection_loss", "selected", "status", "n_seeds"}
+    for r in rows:
+        label = " ".join(
+            f"{v}" if k == "strategy" else f"{k}={v}"
+            for k, v in r.items()
+            if k not in skip and v != ""
+        )
+        labels.setdefault(label, []).append((float(r["lr"]), float(r["selection_loss"])))
+    for i, (label, pts) in enumerate(labels.items()):
+        xs = [x for x, y in pts if math.isfinite(y)]
+        ys = [y for x, y in pts if math.isfinite(y)]
+        ax.plot(xs, ys, "o-", color=f"C{i % 10}", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("local learning rate η_l")
+    ax.set_ylabel(f"final {rows[0]['selected_by'].replace('_', ' ')} (mean over seeds)")
+    ax.set_title(f"{title}: learning-rate grid (diverged rates omitted)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "lr_grid.png", dpi=120)
+    plt.close(fig)

@@ -25,19 +25,41 @@ class SyntheticConfig(_Section):
     num_samples: int = Field(2000, ge=10)
     num_features: int = Field(20, ge=1)
     num_classes: int = Field(4, ge=2)
-    separation: float = Field(2.0, gt=0)
+    separation: float = Field(2.0, ge=0)
+    image_shape: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="sample shape, e.g. [3, 32, 32] for CIFAR-shaped runs; replaces num_features",
+    )
+
+    @field_validator("image_shape")
+    @classmethod
+    def _positive_dims(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(d < 1 for d in v):
+            raise ValueError("every dimension must be a positive integer")
+        return v
+
+
+class TextConfig(_Section):
+    seq_len: int = Field(80, ge=1, description="characters per input window")
+    stride: int = Field(20, ge=1, description="characters between successive window starts")
+    min_samples: int = Field(
+        10, ge=2, description="speaking roles with fewer windows than this are dropped"
+    )
 
 
 class DataConfig(_Section):
-    name: Literal["digits", "mnist", "synthetic"] = "digits"
+    name: Literal["digits", "mnist", "synthetic", "shakespeare", "cifar10", "cifar100"] = "digits"
     data_dir: str | None = None
     test_fraction: float = Field(0.2, gt=0, lt=1)
     max_train: int | None = Field(None, ge=1)
+    max_test: int | None = Field(None, ge=1)
     synthetic: SyntheticConfig = SyntheticConfig()
+    text: TextConfig = TextConfig()
 
 
 class PartitionConfig(_Section):
-    scheme: Literal["iid", "dirichlet", "shards"] = "iid"
+    scheme: Literal["iid", "dirichlet", "shards", "natural"] = "iid"
     num_clients: int = Field(20, ge=1)
     alpha: float = Field(0.5, gt=0)
     shards_per_client: int = Field(2, ge=1)
@@ -47,12 +69,22 @@ class PartitionConfig(_Section):
 
 
 class ModelConfig(_Section):
-    arch: Literal["logreg", "mlp", "cnn"] = "mlp"
+    arch: Literal[
+        "logreg", "mlp", "cnn", "fraboni_cnn", "lstm", "vgg11", "vgg13", "vgg16", "vgg19"
+    ] = "mlp"
     hidden: list[int] = [64]
     channels: list[int] = [32, 64]
     kernel_size: int = Field(5, ge=1)
-    fc_hidden: int = Field(512, ge=1)
+    fc_hidden: int | None = Field(
+        None,
+        ge=1,
+        description="null = the arch's default: cnn 512, fraboni_cnn 64 (256 if >10 classes)",
+    )
     padding: Literal["same", "valid"] = "same"
+    embed_dim: int = Field(8, ge=1, description="lstm: character embedding width")
+    lstm_hidden: int = Field(100, ge=1, description="lstm: units per LSTM layer")
+    lstm_layers: int = Field(2, ge=1, description="lstm: stacked LSTM layers")
+    vgg_width: float = Field(1.0, gt=0, description="vgg*: channel multiplier (1 = the paper's)")
 
     @field_validator("hidden", "channels")
     @classmethod
@@ -77,8 +109,8 @@ class SlowdownConfig(_Section):
 class DeviceClassConfig(_Section):
     fraction: float = Field(gt=0, le=1)
     speed: float = Field(gt=0)
-    up_bandwidth: float | None = Field(None, gt=0)
-    down_bandwidth: float | None = Field(None, gt=0)
+    up_bandwidth: float | None = Field(None, gt=0, description="null: population.up_bandwidth")
+    down_bandwidth: float | None = Field(None, gt=0, description="null: population.down_bandwidth")
 
 
 class PopulationConfig(_Section):
@@ -89,6 +121,9 @@ class PopulationConfig(_Section):
     fx_percent: float = Field(80.0, ge=0, lt=100)
     classes: list[DeviceClassConfig] = []
     slowdown: SlowdownConfig = SlowdownConfig()
+    straggler_ratio: float = Field(
+        0.0, ge=0, le=1, description="SALF straggler-ratio scenario: fraction ρ of stragglers"
+    )
 
     @model_validator(mode="after")
     def _classes_given(self) -> PopulationConfig:
@@ -121,8 +156,31 @@ class StrategyConfig(_Section):
     name: str = "fedavg"
     client_fraction: float = Field(1.0, gt=0, le=1)
     t_max: float | None = Field(None, gt=0, description="round deadline in virtual seconds")
-    weights: Literal["samples", "uniform"] = "samples"
-    server_lr: float = Field(1.0, gt=0)
+    weights: Literal["samples", "uniform"] = Field(
+        "samples", description="client importance p_i: ∝ data size n_i, or uniform 1/M"
+    )
+    server_lr: float = Field(1.0, gt=0, description="η_g of θ ← θ + η_g Σ d_i Δ_i")
+    # ---- asynchronous family (docs/methods/async.md)
+    aggregation_weights: Literal[
+        "auto", "identical", "time-based", "fedfix", "fedbuff", "participation", "sync"
+    ] = Field("auto", description="d_i of eq. 6; auto = the strategy's own rule")
+    delta_t: float | None = Field(None, gt=0, description="FedFix period Δt in virtual seconds")
+    buffer_size: int | None = Field(
+        None, ge=1, description="FedBuff: a server step every m arrivals"
+    )
+    server_momentum: float = Field(0.0, ge=0, lt=1, description="server momentum β (0 = none)")
+    alpha: float = Field(0.6, gt=0, le=1, description="FedAsync mixing weight α")
+    staleness: Literal["constant", "polynomial", "hinge"] = Field(
+        "constant", description="staleness function s: FedAsync's α·s, a factor on d_i otherwise"
+    )
+    staleness_a: float = Field(0.5, ge=0, description="a of (1+x)^-a and of the hinge")
+    staleness_b: float = Field(4.0, ge=0, description="b of the hinge: s = 1 up to b versions")
+    staleness_normalize_at: float | None = Field(
+        None, ge=0, description="divide s by s(this staleness), as FLSim's avg_staleness"
+    )
+    tau_source: Literal["profile", "estimated"] = Field(
+        "profile", description="update times τ_i: device profile, or estimated from arrivals"
+    )
 
     @field_validator("name")
     @classmethod
@@ -156,10 +214,22 @@ class EvalConfig(_Section):
         gt=1,
         description="stop as diverged when the test loss exceeds this × the initial loss",
     )
+    client_losses: bool = Field(
+        False,
+        description="also evaluate every client's training loss: federated (eq. 2), surrogate "
+        "(eq. 10) and participation-weighted losses, and their spread",
+    )
 
 
 class ExecutorConfig(_Section):
-    kind: Literal["serial"] = "serial"
+    kind: Literal["auto", "serial", "vectorized"] = Field(
+        "auto",
+        description="auto/vectorized: many clients per pass (torch.func), serial where it "
+        "cannot batch; serial: one task after another",
+    )
+    max_batch_clients: int | None = Field(
+        None, ge=1, description="clients per vectorized block; null = automatic from model size"
+    )
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     threads: int | None = Field(
         None, ge=1, description="torch intra-op threads; null = torch default"
@@ -169,6 +239,44 @@ class ExecutorConfig(_Section):
 class CompareConfig(_Section):
     strategies: list[str] = []
     seeds: list[int] = []
+    over: list[str] = Field(
+        [], description="fedclock sweep's default grid, e.g. population.straggler_ratio=0.3,0.5"
+    )
+    lr_grid: list[float] = Field(
+        [], description="train.lr values to try per strategy; the best final federated loss wins"
+    )
+    lr_tune_on: str | None = Field(
+        None, description="use the rate selected for this strategy entry for every strategy"
+    )
+
+    @field_validator("lr_grid")
+    @classmethod
+    def _positive_rates(cls, v: list[float]) -> list[float]:
+        if any(not x > 0 for x in v):
+            raise ValueError("every learning rate must be > 0")
+        return v
+
+
+class SalfConfig(_Section):
+    """SALF and its baselines (docs/methods/salf.md); off unless ``scenario`` is set."""
+
+    scenario: Literal["ratio", "deadline"] | None = Field(
+        None,
+        description="where depths come from: ratio (population.straggler_ratio) or "
+        "deadline (strategy.t_max and the cost model); null = not a SALF experiment",
+    )
+    mode: Literal["paper", "reference"] = Field(
+        "paper", description="paper: eq. 9, module layers; reference: the authors' code"
+    )
+    p_rule: Literal["exact", "eq10", "zero"] = Field("exact", description="p_l of eq. 9")
+    heterofl_rate: float = Field(0.5, gt=0, le=1, description="HeteroFL stragglers' width r")
+    val_holdout: int = Field(
+        0, ge=0, description="training samples held out for validation (reference: 10000)"
+    )
+    normalize: Literal["dataset", "authors"] = Field(
+        "dataset",
+        description="MNIST inputs: the loader's (x−0.1307)/0.3081, or the authors' (x−0.5)/0.5",
+    )
 
 
 class ExperimentConfig(_Section):
@@ -185,6 +293,7 @@ class ExperimentConfig(_Section):
     eval: EvalConfig = EvalConfig()
     executor: ExecutorConfig = ExecutorConfig()
     compare: CompareConfig = CompareConfig()
+    salf: SalfConfig = SalfConfig()
     output_dir: str = "runs"
 
 
@@ -212,7 +321,9 @@ def _section_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
 
 def describe_validation_error(err: ValidationError) -> str:
     """One sentence for the first problem in a pydantic ValidationError."""
-    e = err.errors()[0]
+    errors = err.errors()
+    # an unknown field explains a "missing" one that was misspelt: report it first
+    e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     path = ".".join(str(p) for p in loc) or "config"
     if e["type"] == "extra_forbidden":

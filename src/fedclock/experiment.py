@@ -6,6 +6,7 @@ ExperimentConfig → Dataset → partition → model (layers, FLOPs) → populat
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -18,16 +19,16 @@ from typing import Any
 import torch
 
 from fedclock.config import ExperimentConfig, to_yaml
-from fedclock.data import SyntheticSpec, load_dataset, partition
+from fedclock.data import SyntheticSpec, TextSpec, load_dataset, partition
 from fedclock.devices import Population, build_population
 from fedclock.devices.cost import TaskCost
 from fedclock.errors import ConfigError, DivergenceError
-from fedclock.metrics.recorder import RunRecorder, summarize
+from fedclock.metrics.recorder import CLIENT_LOSS_COLUMNS, RunRecorder, summarize
 from fedclock.models import build_model, layer_view, param_bytes
 from fedclock.rng import torch_seed
 from fedclock.sim.simulator import Budget, Simulator
-from fedclock.strategies import BuildInfo, Strategy, build_strategy
-from fedclock.train.evaluate import Evaluator
+from fedclock.strategies import BuildInfo, Strategy, build_strategy, fedavg_weights
+from fedclock.train.evaluate import ClientLossEvaluator, Evaluator
 from fedclock.train.executor import ClientData, make_executor, resolve_device, snapshot
 
 
@@ -51,8 +52,8 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
 
 def check_deadline(strategy: Strategy, population: Population, cfg: ExperimentConfig) -> None:
     """An impossible deadline fails before any compute: no client could ever deliver."""
-    t_max = cfg.strategy.t_max
-    if t_max is None or cfg.strategy.name == "fedavg":
+    t_max = getattr(strategy.trigger, "t_max", None)  # only deadline triggers have one
+    if t_max is None:
         return
     best = math.inf
     for client in range(len(population)):
@@ -75,6 +76,32 @@ def check_deadline(strategy: Strategy, population: Population, cfg: ExperimentCo
         )
 
 
+def client_table(
+    sim: Simulator, strategy: Strategy, population: Population, importance: Any
+) -> dict[str, Any]:
+    """clients.csv columns: importance p_i, nominal update time τ_i, participations,
+    total weight received and its normalised share q̃_i, and the last training loss."""
+    n = len(population)
+    tau = [
+        population.nominal_timing(c, strategy.planner.plan(None, c)[1]).duration  # type: ignore[arg-type]
+        for c in range(n)
+    ]
+    received = sim.per_client(sim.counters.weight_received)
+    total = float(received.sum())
+    cols: dict[str, Any] = {
+        "client": list(range(n)),
+        "num_samples": [int(v) for v in sim.client_sizes],
+        "importance": [float(v) for v in importance],
+        "tau_nominal": tau,
+        "participations": [int(v) for v in sim.per_client(sim.counters.participation)],
+        "weight_received": [float(v) for v in received],
+        "q_share": [float(v) / total if total > 0 else math.nan for v in received],
+    }
+    if sim.last_client_losses is not None:
+        cols["final_train_loss"] = [float(v) for v in sim.last_client_losses]
+    return cols
+
+
 def run_experiment(
     cfg: ExperimentConfig,
     *,
@@ -94,12 +121,25 @@ def run_experiment(
         test_fraction=cfg.data.test_fraction,
         synthetic=SyntheticSpec(**cfg.data.synthetic.model_dump()),
         max_train=cfg.data.max_train,
+        max_test=cfg.data.max_test,
+        text=TextSpec(**cfg.data.text.model_dump()),
     )
+    if cfg.salf.normalize == "authors":  # SALF's code normalises MNIST with mean 0.5, std 0.5
+        from fedclock.train.partial import authors_normalization
+
+        ds = authors_normalization(ds)
+    val_xy = None
+    if cfg.salf.val_holdout:  # SALF reference mode: a validation split out of the training set
+        from fedclock.train.partial import holdout_split
+
+        xt, yt, xv, yv = holdout_split(ds.x_train, ds.y_train, cfg.salf.val_holdout, cfg.seed)
+        ds = dataclasses.replace(ds, x_train=xt, y_train=yt, groups=None)
+        val_xy = (xv, yv)
     p = cfg.partition
     parts = partition(
         ds.y_train.numpy(), p.num_clients, scheme=p.scheme, seed=cfg.seed, alpha=p.alpha,
         shards_per_client=p.shards_per_client, sizes=p.sizes, size_sigma=p.size_sigma,
-        min_samples=p.min_samples,
+        min_samples=p.min_samples, groups=ds.groups,
     )  # fmt: skip
     m = cfg.model
 
@@ -107,7 +147,9 @@ def run_experiment(
         return build_model(
             m.arch, input_shape=ds.input_shape, num_classes=ds.num_classes, hidden=m.hidden,
             channels=m.channels, kernel_size=m.kernel_size, fc_hidden=m.fc_hidden,
-            padding=m.padding, seed=torch_seed(cfg.seed, "init") % (2**31),
+            padding=m.padding, embed_dim=m.embed_dim, lstm_hidden=m.lstm_hidden,
+            lstm_layers=m.lstm_layers, vgg_width=m.vgg_width, input_dtype=ds.input_dtype,
+            seed=torch_seed(cfg.seed, "init") % (2**31),
         )  # fmt: skip
 
     model = new_model()
@@ -120,21 +162,49 @@ def run_experiment(
         layer_fwd_flops=tuple(layer.fwd_flops for layer in layers),
         layer_bwd_flops=tuple(layer.bwd_flops for layer in layers),
         model_bytes=param_bytes(model),
+        model=model,
+        layers=tuple(layers),
     )
     strategy = build_strategy(cfg, info)
     check_deadline(strategy, population, cfg)
 
     device = resolve_device(cfg.executor.device)
     initial = snapshot(model, 0)
-    executor = make_executor(
+    executor: Any = make_executor(
         cfg.executor.kind, model, data, seed=cfg.seed, train=cfg.train, device=cfg.executor.device
     )
-    evaluator = Evaluator(
+    if hasattr(strategy.planner, "s"):  # SALF family: layer-suffix and width-sliced tasks
+        from fedclock.train.partial import PartialExecutor
+
+        executor = PartialExecutor(
+            model, data, seed=cfg.seed, lr=cfg.train.lr, momentum=cfg.train.momentum,
+            weight_decay=cfg.train.weight_decay, device=device, mode=cfg.salf.mode,
+            units=strategy.planner.s.units,
+            persistent_momentum=cfg.salf.mode == "reference",
+        )  # fmt: skip
+    evaluator: Any = Evaluator(
         new_model(), ds.x_test, ds.y_test, batch_size=cfg.eval.batch_size, device=device
     )
+    if val_xy is not None:
+        from fedclock.train.partial import BestValidation
+
+        evaluator = BestValidation(
+            evaluator,
+            Evaluator(new_model(), *val_xy, batch_size=cfg.eval.batch_size, device=device),
+        )
+
+    client_eval = None
+    if cfg.eval.client_losses:
+        client_eval = ClientLossEvaluator(
+            new_model(), ds.x_train, ds.y_train, data.indices,
+            batch_size=cfg.eval.batch_size, device=device,
+        )  # fmt: skip
+    importance = fedavg_weights(sizes.tolist(), cfg.strategy.weights)
 
     run_dir = run_dir or default_run_dir(cfg)
-    recorder = RunRecorder(run_dir)
+    recorder = RunRecorder(
+        run_dir, extra_columns=CLIENT_LOSS_COLUMNS if client_eval is not None else ()
+    )
     recorder.write_config(to_yaml(cfg), cfg.seed, argv)
     b = cfg.budget
     sim = Simulator(
@@ -151,6 +221,8 @@ def run_experiment(
         eval_every_aggregations=cfg.eval.every_aggregations,
         eval_every_virtual_seconds=cfg.eval.every_virtual_seconds,
         divergence_factor=cfg.eval.divergence_factor,
+        evaluate_clients=client_eval,
+        importance=importance,
     )
     status, error, stop = "completed", None, None
     try:
@@ -167,5 +239,9 @@ def run_experiment(
         history=sim.history, counters=sim.counters, wall_s=time.perf_counter() - wall0,
         virtual_time=sim.now, target_accuracy=cfg.eval.target_accuracy, num_clients=p.num_clients,
     )  # fmt: skip
+    if val_xy is not None:  # test accuracy of the best-validation checkpoint (SALF Table II)
+        summary["val_best_test_accuracy"] = evaluator.best_val_test_accuracy
+        summary["best_val_accuracy"] = evaluator.best_val
     recorder.write_summary(summary)
+    recorder.write_clients(client_table(sim, strategy, population, importance))
     return RunResult(run_dir=run_dir, summary=summary, history=sim.history, error=error)

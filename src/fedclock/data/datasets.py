@@ -1,9 +1,9 @@
-"""Datasets: scikit-learn digits, MNIST from IDX files, and a seeded synthetic task.
+"""Datasets: digits, MNIST, CIFAR-10/100, Tiny Shakespeare and a seeded synthetic task.
 
 :func:`load_dataset` returns a :class:`Dataset` with normalised float32 inputs
-(channels first) and int64 labels, split into train and test sets. Splits and
-synthetic draws come from :func:`fedclock.rng.stream`, so the same seed always
-gives the same data.
+(channels first) — or int64 token ids for text — and int64 labels, split into
+train and test sets. Splits and synthetic draws come from
+:func:`fedclock.rng.stream`, so the same seed always gives the same data.
 
 - ``digits``: the 1,797 8×8 images bundled with scikit-learn (``load_digits``);
   pixels are divided by 16, split (stratified) by ``test_fraction``, then
@@ -11,29 +11,47 @@ gives the same data.
 - ``mnist``: the four standard IDX files (gzip or not) from ``data_dir`` or
   ``$FEDCLOCK_DATA`` (that folder, or its ``mnist/`` subfolder); pixels become
   ``(x/255 - 0.1307)/0.3081``; the official 10,000-image test set is used.
-- ``synthetic``: a Gaussian mixture, see :class:`SyntheticSpec`; split
-  (stratified) by ``test_fraction`` and standardised like ``digits``.
+- ``cifar10`` / ``cifar100``: the python-version batches, see
+  :mod:`fedclock.data.cifar`; the official test set is used.
+- ``shakespeare``: next-character prediction on Tiny Shakespeare with one
+  natural client per speaking role (``Dataset.groups``), see
+  :mod:`fedclock.data.shakespeare` and :class:`TextSpec`.
+- ``synthetic``: a Gaussian mixture, see :class:`SyntheticSpec` (flat features,
+  or image-shaped samples with ``image_shape``); split (stratified) by
+  ``test_fraction`` and standardised like ``digits``.
 
-``max_train`` keeps only the first ``max_train`` training samples (any dataset).
+``max_train`` keeps only the first ``max_train`` training samples and
+``max_test`` the first ``max_test`` test samples (any dataset; Shakespeare keeps
+evenly spaced ones instead, so every speaking role keeps its share).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from fedclock.data.cifar import load_cifar
+from fedclock.data.dataset import Dataset, data_root
 from fedclock.data.idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, read_idx
+from fedclock.data.shakespeare import TextSpec, load_shakespeare
 from fedclock.errors import ConfigError, DataError
 from fedclock.rng import stream
 
-__all__ = ["DATASET_NAMES", "MNIST_FILES", "Dataset", "SyntheticSpec", "load_dataset"]
+__all__ = [
+    "DATASET_NAMES",
+    "MNIST_FILES",
+    "Dataset",
+    "SyntheticSpec",
+    "TextSpec",
+    "load_dataset",
+]
 
-DATASET_NAMES = ("digits", "mnist", "synthetic")
+DATASET_NAMES = ("cifar10", "cifar100", "digits", "mnist", "shakespeare", "synthetic")
 
 MNIST_FILES = (
     "train-images-idx3-ubyte",
@@ -43,32 +61,6 @@ MNIST_FILES = (
 )
 MNIST_MEAN = 0.1307
 MNIST_STD = 0.3081
-DATA_ENV = "FEDCLOCK_DATA"
-
-
-@dataclass(frozen=True, eq=False)
-class Dataset:
-    """A classification dataset held in memory as tensors.
-
-    ``x_*`` are float32 of shape ``(N, *input_shape)``, normalised; ``y_*`` are
-    int64 of shape ``(N,)`` with values in ``[0, num_classes)``.
-    """
-
-    name: str
-    x_train: torch.Tensor = field(repr=False)
-    y_train: torch.Tensor = field(repr=False)
-    x_test: torch.Tensor = field(repr=False)
-    y_test: torch.Tensor = field(repr=False)
-    num_classes: int
-    input_shape: tuple[int, ...]
-
-    @property
-    def num_train(self) -> int:
-        return int(self.y_train.shape[0])
-
-    @property
-    def num_test(self) -> int:
-        return int(self.y_test.shape[0])
 
 
 @dataclass(frozen=True)
@@ -79,14 +71,36 @@ class SyntheticSpec:
     norm ``separation``; a sample of class ``k`` is ``mu_k + N(0, I)``. Classes
     are balanced (sizes differ by at most one). Larger ``separation`` makes the
     task easier.
+
+    With ``image_shape`` (e.g. ``(3, 32, 32)`` for CIFAR-shaped runs without
+    CIFAR files) each sample is drawn in ``prod(image_shape)`` dimensions and
+    reshaped to ``image_shape``, and ``num_features`` is not used. The mixture
+    has no spatial structure; it only gives image models inputs of the right
+    shape and a learnable task.
     """
 
     num_samples: int = 2000
     num_features: int = 20
     num_classes: int = 4
     separation: float = 2.0
+    image_shape: tuple[int, ...] | None = None
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """One sample's shape: ``image_shape``, or ``(num_features,)``."""
+        return self.image_shape if self.image_shape is not None else (self.num_features,)
 
     def __post_init__(self) -> None:
+        if self.image_shape is not None:
+            shape = tuple(self.image_shape)
+            if not shape or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape
+            ):
+                raise ConfigError(
+                    f"data.synthetic.image_shape must be a non-empty list of positive integers, "
+                    f"got {list(shape)}."
+                )
+            object.__setattr__(self, "image_shape", shape)
         if self.num_classes < 2:
             raise ConfigError(
                 f"data.synthetic.num_classes must be at least 2, got {self.num_classes}."
@@ -114,12 +128,19 @@ def load_dataset(
     test_fraction: float = 0.2,
     synthetic: SyntheticSpec | None = None,
     max_train: int | None = None,
+    max_test: int | None = None,
+    text: TextSpec | None = None,
 ) -> Dataset:
-    """Load dataset ``name`` (``digits``, ``mnist`` or ``synthetic``), deterministically per seed.
+    """Load dataset ``name`` (one of :data:`DATASET_NAMES`), deterministically per seed.
+
+    ``test_fraction`` applies to ``digits`` and ``synthetic`` (stratified
+    split) and to ``shakespeare`` (the last part of every role); MNIST and
+    CIFAR come with their official test sets. ``synthetic`` is used by
+    ``synthetic``, ``text`` by ``shakespeare``.
 
     Raises:
-        ConfigError: unknown name or invalid ``test_fraction`` / ``max_train``.
-        DataError: MNIST files missing or malformed.
+        ConfigError: unknown name or invalid ``test_fraction`` / ``max_train`` / ``max_test``.
+        DataError: data files missing or malformed.
     """
     if name not in DATASET_NAMES:
         raise ConfigError(f"data.name {name!r} is unknown; allowed: {', '.join(DATASET_NAMES)}.")
@@ -127,25 +148,37 @@ def load_dataset(
         raise ConfigError(
             f"data.test_fraction must be strictly between 0 and 1, got {test_fraction}."
         )
-    if max_train is not None and max_train < 1:
-        raise ConfigError(f"data.max_train must be at least 1, got {max_train}.")
+    for field_name, cap in (("max_train", max_train), ("max_test", max_test)):
+        if cap is not None and cap < 1:
+            raise ConfigError(f"data.{field_name} must be at least 1, got {cap}.")
 
     if name == "digits":
         ds = _load_digits(seed, test_fraction)
     elif name == "mnist":
         ds = _load_mnist(data_dir, max_train)
+    elif name in ("cifar10", "cifar100"):
+        ds = load_cifar(name, data_dir, max_train=max_train)
+    elif name == "shakespeare":
+        ds = load_shakespeare(
+            data_dir, text=text, test_fraction=test_fraction, max_train=max_train,
+            max_test=max_test,
+        )  # fmt: skip
     else:
         ds = _load_synthetic(seed, test_fraction, synthetic or SyntheticSpec())
 
     if max_train is not None and max_train < ds.num_train:
-        ds = Dataset(
-            name=ds.name,
+        ds = replace(
+            ds,
             x_train=ds.x_train[:max_train].clone(),
             y_train=ds.y_train[:max_train].clone(),
-            x_test=ds.x_test,
-            y_test=ds.y_test,
-            num_classes=ds.num_classes,
-            input_shape=ds.input_shape,
+            groups=None if ds.groups is None else ds.groups[:max_train].copy(),
+        )
+    if max_test is not None and max_test < ds.num_test:
+        ds = replace(
+            ds,
+            x_test=ds.x_test[:max_test].clone(),
+            y_test=ds.y_test[:max_test].clone(),
+            test_groups=None if ds.test_groups is None else ds.test_groups[:max_test].copy(),
         )
     return ds
 
@@ -238,7 +271,8 @@ def _load_digits(seed: int, test_fraction: float) -> Dataset:
 
 def _load_synthetic(seed: int, test_fraction: float, spec: SyntheticSpec) -> Dataset:
     rng = stream(seed, "data-synthetic")
-    n, d, c = spec.num_samples, spec.num_features, spec.num_classes
+    shape = spec.sample_shape
+    n, d, c = spec.num_samples, math.prod(shape), spec.num_classes
     directions = rng.standard_normal((c, d))
     norms = np.linalg.norm(directions, axis=1, keepdims=True)
     means = spec.separation * directions / np.where(norms > 0, norms, 1.0)
@@ -246,22 +280,14 @@ def _load_synthetic(seed: int, test_fraction: float, spec: SyntheticSpec) -> Dat
     x = means[y] + rng.standard_normal((n, d))
     x_tr, x_te, y_tr, y_te = _split(x, y, seed, test_fraction, "the synthetic dataset")
     x_tr, x_te = _standardise(x_tr, x_te)
-    xt_tr, yt_tr = _tensors(x_tr, y_tr)
-    xt_te, yt_te = _tensors(x_te, y_te)
-    return Dataset("synthetic", xt_tr, yt_tr, xt_te, yt_te, num_classes=c, input_shape=(d,))
+    xt_tr, yt_tr = _tensors(x_tr.reshape(-1, *shape), y_tr)
+    xt_te, yt_te = _tensors(x_te.reshape(-1, *shape), y_te)
+    return Dataset("synthetic", xt_tr, yt_tr, xt_te, yt_te, num_classes=c, input_shape=shape)
 
 
 def _mnist_dir(data_dir: str | Path | None) -> Path:
     """The folder holding the MNIST files: ``data_dir`` (or ``$FEDCLOCK_DATA``) or its ``mnist/``."""
-    if data_dir is None:
-        env = os.environ.get(DATA_ENV)
-        if not env:
-            raise DataError(
-                "MNIST needs a data directory: set --data-dir or FEDCLOCK_DATA to the folder "
-                "holding the four IDX files of MNIST."
-            )
-        data_dir = env
-    root = Path(data_dir).expanduser()
+    root = data_root(data_dir, "MNIST", "the four IDX files of MNIST")
     for candidate in (root, root / "mnist"):
         if any((candidate / f).is_file() or (candidate / f"{f}.gz").is_file() for f in MNIST_FILES):
             return candidate

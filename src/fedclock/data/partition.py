@@ -1,4 +1,4 @@
-"""Split a training set among clients: iid, Dirichlet label skew, or McMahan's shards.
+"""Split a training set among clients: iid, Dirichlet label skew, McMahan's shards, or natural.
 
 :func:`partition` returns one sorted int64 array of train-set indices per client.
 The arrays are disjoint, and every random draw comes from
@@ -31,6 +31,13 @@ Schemes (``scheme``):
   contiguous shards of (nearly) equal size, and each client gets
   ``shards_per_client`` random shards, so it sees about ``shards_per_client``
   classes. Only ``sizes="equal"`` is allowed.
+- ``natural``: the clients the data come from, given as a group id per sample
+  (``Dataset.groups``; for Shakespeare, the speaking role). The
+  ``num_clients`` largest groups (most training samples first, ties to the
+  smaller id) become clients 0, 1, …, each with all of its group's samples;
+  samples of the other groups are not used, and groups smaller than
+  ``min_samples`` are never chosen. Sizes are the groups' own, so ``sizes``
+  must be ``equal`` (the default, ignored here); no random draw is made.
 """
 
 from __future__ import annotations
@@ -40,9 +47,9 @@ import numpy as np
 from fedclock.errors import ConfigError
 from fedclock.rng import stream
 
-__all__ = ["SCHEMES", "SIZES", "client_sizes", "label_histogram", "partition"]
+__all__ = ["SCHEMES", "SIZES", "client_sizes", "label_histogram", "natural_clients", "partition"]
 
-SCHEMES = ("iid", "dirichlet", "shards")
+SCHEMES = ("iid", "dirichlet", "shards", "natural")
 SIZES = ("equal", "lognormal")
 
 # Stream ids under purpose "partition".
@@ -61,8 +68,12 @@ def partition(
     sizes: str = "equal",
     size_sigma: float = 1.0,
     min_samples: int = 1,
+    groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Split ``range(len(labels))`` among ``num_clients`` clients; see the module docstring.
+
+    ``groups`` (one non-negative integer per sample) is needed by, and only
+    used by, ``scheme="natural"``.
 
     Returns:
         One sorted int64 index array per client, disjoint, each of at least
@@ -97,6 +108,8 @@ def partition(
     if not (size_sigma >= 0 and np.isfinite(size_sigma)):
         raise ConfigError(f"partition.size_sigma must be a finite number ≥ 0, got {size_sigma}.")
 
+    if scheme == "natural":
+        return _natural(groups, n, num_clients, sizes, min_samples)
     rng = stream(seed, "partition", _ASSIGN_STREAM)
     if scheme == "shards":
         return _shards(y, num_clients, shards_per_client, sizes, min_samples, rng)
@@ -110,6 +123,46 @@ def partition(
     else:
         parts = _dirichlet(y, quota, alpha, rng)
     return [np.sort(p).astype(np.int64, copy=False) for p in parts]
+
+
+def natural_clients(groups: np.ndarray, num_clients: int, *, min_samples: int = 1) -> np.ndarray:
+    """Ids of the ``num_clients`` largest groups, largest first (ties: smaller id first).
+
+    Raises:
+        ConfigError: fewer than ``num_clients`` groups have ``min_samples`` samples.
+    """
+    counts = np.bincount(np.asarray(groups, dtype=np.int64))
+    order = np.lexsort((np.arange(len(counts)), -counts))
+    eligible = order[counts[order] >= min_samples]
+    if len(eligible) < num_clients:
+        raise ConfigError(
+            f"partition.num_clients {num_clients} exceeds the {len(eligible)} natural clients "
+            f"(e.g. speaking roles) with at least {min_samples} training samples; lower "
+            f"partition.num_clients or use partition.scheme 'iid'."
+        )
+    return eligible[:num_clients].astype(np.int64)
+
+
+def _natural(
+    groups: np.ndarray | None, n: int, num_clients: int, sizes: str, min_samples: int
+) -> list[np.ndarray]:
+    if groups is None:
+        raise ConfigError(
+            "partition.scheme 'natural' needs a dataset whose samples come from natural clients "
+            "(data.name 'shakespeare'); this one has none, so use 'iid', 'dirichlet' or 'shards'."
+        )
+    g = np.asarray(groups)
+    if g.shape != (n,) or not (np.issubdtype(g.dtype, np.integer) or g.size == 0):
+        raise ValueError(f"groups must be a 1-D integer array of length {n}")
+    if g.size and int(g.min()) < 0:
+        raise ValueError("groups must be non-negative")
+    if sizes != "equal":
+        raise ConfigError(
+            f"partition.sizes must be 'equal' with partition.scheme 'natural' (clients keep "
+            f"their natural sizes), got {sizes!r}."
+        )
+    chosen = natural_clients(g, num_clients, min_samples=min_samples)
+    return [np.flatnonzero(g == c).astype(np.int64, copy=False) for c in chosen]
 
 
 def client_sizes(

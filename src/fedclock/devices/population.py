@@ -13,7 +13,8 @@ Scenarios
   Speed and both bandwidths are divided by τ_i, so every task duration scales by τ_i.
 - ``classes`` (Fed-RAA's capability classes β): a list of classes with a fraction
   of the population each and their own speed/bandwidths; clients are assigned
-  to classes by a seeded shuffle (largest-remainder counts).
+  to classes by a seeded shuffle (largest-remainder counts); a class without
+  its own bandwidths uses the population's.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ def build_population(cfg, num_clients: int, seed: int) -> Population:  # cfg: Po
     which = np.repeat(np.arange(len(cfg.classes)), counts)
     which = which[stream(seed, "device-classes").permutation(n)]
     speed = np.array([float(c.speed) for c in cfg.classes])[which]
-    up = np.array([_bw(c.up_bandwidth) for c in cfg.classes])[which]
-    down = np.array([_bw(c.down_bandwidth) for c in cfg.classes])[which]
+    # a class without its own bandwidth inherits the population's
+    up = np.array([_bw(c.up_bandwidth or cfg.up_bandwidth) for c in cfg.classes])[which]
+    down = np.array([_bw(c.down_bandwidth or cfg.down_bandwidth) for c in cfg.classes])[which]
     return Population(speed=speed, up_bandwidth=up, down_bandwidth=down, **common)

@@ -2,6 +2,9 @@
 
 metrics.csv is written as the run goes, so an interrupted or diverged run keeps
 every evaluation it made; summary.json records how the run ended (``status``).
+With client losses on (``eval.client_losses``) metrics.csv gains the columns of
+:data:`CLIENT_LOSS_COLUMNS` and the run directory a ``clients.csv`` (one row per
+client: importance, participations, weight received, final training loss).
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 METRIC_COLUMNS = (
     "virtual_time",
     "wall_time",
     "aggregation",
     "updates_received",
+    "updates_used",
     "updates_discarded",
     "test_accuracy",
     "test_loss",
@@ -29,6 +35,51 @@ METRIC_COLUMNS = (
     "compute_s_spent",
     "compute_s_wasted",
 )
+
+# extra metrics.csv columns when every client's training loss is evaluated
+CLIENT_LOSS_COLUMNS = (
+    "federated_loss",
+    "surrogate_loss",
+    "participation_loss",
+    "client_loss_std",
+)
+
+
+def federated_metrics(
+    losses: np.ndarray,
+    p: np.ndarray,
+    *,
+    weight_received: np.ndarray,
+    participations: np.ndarray,
+) -> dict[str, float]:
+    """Losses of the global model over the clients' training data (Fraboni et al. §5).
+
+    - ``federated_loss``: Σ p_i L_i  (eq. 2), p the client importance;
+    - ``surrogate_loss``: Σ q̃_i L_i  (eq. 10) with q̃_i = q_i / Σ_j q_j and q_i
+      the total aggregation weight client i actually received so far (∝ the mean
+      ω_i(n) over the server steps); before any aggregation q̃ = p;
+    - ``participation_loss``: Σ r_i L_i with r_i ∝ client i's participation count
+      (the authors' code plots this as the surrogate for asynchronous FedAvg and
+      FedBuff, the same weights for every strategy of a comparison);
+    - ``client_loss_std``: the p-weighted standard deviation of the L_i
+      around the federated loss.
+    """
+    loss = np.asarray(losses, dtype=np.float64)
+    w = np.asarray(p, dtype=np.float64)
+    w = w / w.sum()
+
+    def normalised(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        total = x.sum()
+        return x / total if total > 0 else w
+
+    federated = float(w @ loss)
+    return {
+        "federated_loss": federated,
+        "surrogate_loss": float(normalised(weight_received) @ loss),
+        "participation_loss": float(normalised(participations) @ loss),
+        "client_loss_std": float(np.sqrt(max(float(w @ (loss - federated) ** 2), 0.0))),
+    }
 
 
 def versions() -> dict[str, str]:
@@ -42,13 +93,14 @@ def versions() -> dict[str, str]:
 
 
 class RunRecorder:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *, extra_columns: Sequence[str] = ()) -> None:
         self.run_dir = run_dir
+        self.columns = (*METRIC_COLUMNS, *extra_columns)
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("metrics.csv", "summary.json"):
+        for stale in ("metrics.csv", "summary.json", "clients.csv"):
             (run_dir / stale).unlink(missing_ok=True)
         self._fh = (run_dir / "metrics.csv").open("w", newline="")
-        self._writer = csv.DictWriter(self._fh, fieldnames=list(METRIC_COLUMNS))
+        self._writer = csv.DictWriter(self._fh, fieldnames=list(self.columns))
         self._writer.writeheader()
         self._fh.flush()
 
@@ -62,11 +114,20 @@ class RunRecorder:
         (self.run_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
     def record(self, row: dict[str, Any]) -> None:
-        self._writer.writerow({k: _fmt(row[k]) for k in METRIC_COLUMNS})
+        self._writer.writerow({k: _fmt(row[k]) for k in self.columns})
         self._fh.flush()
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         (self.run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n")
+
+    def write_clients(self, columns: dict[str, Sequence[Any]]) -> None:
+        """clients.csv: one row per client, one column per entry of ``columns``."""
+        names = list(columns)
+        with (self.run_dir / "clients.csv").open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(names)
+            for row in zip(*(columns[k] for k in names), strict=True):
+                w.writerow([_fmt(float(v)) if isinstance(v, np.floating) else _fmt(v) for v in row])
 
     def close(self) -> None:
         if not self._fh.closed:
@@ -100,6 +161,24 @@ def time_to_target(history: Sequence[dict[str, Any]], target: float | None) -> f
     return None
 
 
+TAIL_FRACTION = 0.1
+
+
+def tail_mean(history: Sequence[dict[str, Any]], key: str) -> float:
+    """Mean of ``key`` over the evaluations in the last 10% of the run's virtual time.
+
+    Single evaluations of an asynchronous run are noisy (the model moves with
+    every client's step); this is the steadier "final" value (Fraboni et al.
+    average their Fig. 3 losses over the last 5% of the server steps).
+    """
+    if not history:
+        return math.nan
+    end = float(history[-1]["virtual_time"])
+    start = end - TAIL_FRACTION * end
+    vals = [float(r[key]) for r in history if float(r["virtual_time"]) >= start and key in r]
+    return float(np.mean(vals)) if vals else math.nan
+
+
 def summarize(
     *,
     name: str,
@@ -120,6 +199,14 @@ def summarize(
     spent = float(counters.compute_s_spent)
     wasted = float(counters.compute_s_wasted)
     part = counters.participation
+    stale: dict[int, int] = dict(sorted(getattr(counters, "staleness", {}).items()))
+    n_stale = sum(stale.values())
+    client_losses: dict[str, float] = {}
+    if history and CLIENT_LOSS_COLUMNS[0] in history[0]:
+        for k in CLIENT_LOSS_COLUMNS:
+            client_losses[k] = last[k] if last and k in last else math.nan
+        for k in CLIENT_LOSS_COLUMNS:
+            client_losses[f"{k}_tail"] = tail_mean(history, k)
     return {
         "name": name,
         "strategy": strategy,
@@ -129,10 +216,15 @@ def summarize(
         "final_test_accuracy": last["test_accuracy"] if last else math.nan,
         "best_test_accuracy": max(accs) if accs else math.nan,
         "final_test_loss": last["test_loss"] if last else math.nan,
+        **client_losses,
         "virtual_time": virtual_time,
         "aggregations": int(counters.aggregations),
+        "updates_received": int(counters.updates_received),
         "updates_used": int(counters.updates_used),
         "updates_discarded": int(counters.updates_discarded),
+        "mean_staleness": sum(k * v for k, v in stale.items()) / n_stale if n_stale else math.nan,
+        "max_staleness": max(stale) if stale else math.nan,
+        "staleness_histogram": {str(k): v for k, v in stale.items()},
         "compute_s_spent": spent,
         "compute_s_wasted": wasted,
         "useful_work_ratio": (spent - wasted) / spent if spent > 0 else math.nan,

@@ -2,9 +2,11 @@
 
 A *layer* is a module that holds trainable parameters directly (weight and
 bias together), as the SALF paper counts layers; parameter-free modules
-(ReLU, pooling, Flatten) are not layers. Layers are listed in forward
-execution order, recorded with forward pre-hooks on a dry run, not in
-definition order.
+(ReLU, pooling, Flatten) are not layers. Batch-norm modules hold a trainable
+weight and bias, so each one *is* a layer (with 0 FLOPs, below); its running
+statistics are buffers, not parameters, and are not listed. An embedding is a
+layer too (a table lookup: 0 FLOPs). Layers are listed in forward execution
+order, recorded with forward pre-hooks on a dry run, not in definition order.
 
 FLOPs come from :class:`torch.utils.flop_counter.FlopCounterMode` on one
 forward and one backward pass of a batch of zeros, read per module from its
@@ -20,7 +22,17 @@ Conventions of that counter, which these numbers inherit:
   gradient. The first layer's input is the data, which needs no gradient, so
   its backward equals its forward (``2·i·o`` for a Linear) while every later
   layer's backward is twice its forward (``4·i·o``). Bias gradients are sums
-  and are not counted.
+  and are not counted. Batch norm and embedding lookups count 0.
+
+**The one exception: recurrent layers.** ``FlopCounterMode`` has no formula
+for the fused RNN kernels (``aten::lstm`` / ``mkldnn_rnn_layer`` on CPU,
+cuDNN's RNN on GPU) and reports 0 FLOPs for an ``nn.LSTM`` (checked with
+torch 2.13). For ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` modules the counter
+is therefore replaced by :func:`rnn_flops`, an exact count under the same
+convention (only the gate matrix products, 2 FLOPs per multiply-add) applied
+to the sequence length and input-gradient need observed on the dry run; a
+test checks it against ``FlopCounterMode`` on an LSTM written out in matrix
+products.
 
 The backward pass uses :func:`torch.autograd.grad`, so parameters' ``.grad``
 fields are untouched; buffers (e.g. batch-norm statistics) are restored and
@@ -38,10 +50,73 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence
 from torch.utils.flop_counter import FlopCounterMode
+
+RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+"""Gate blocks of each recurrent cell: the weight matrices are ``G·hidden`` rows tall."""
+
+
+def rnn_flops(
+    *,
+    seq_len: int,
+    input_size: int,
+    hidden_size: int,
+    num_layers: int = 1,
+    bidirectional: bool = False,
+    gates: int = 4,
+    input_requires_grad: bool = True,
+) -> tuple[int, int]:
+    """Per-sample (forward, backward) FLOPs of a recurrent layer stack over ``seq_len`` steps.
+
+    The same convention as ``torch.utils.flop_counter`` for matrix products
+    (2 FLOPs per multiply-add; element-wise gate nonlinearities, bias adds
+    and the cell update are not counted). For each layer and direction, with
+    ``G`` gate blocks (LSTM 4, GRU 3, plain RNN 1), input width ``i`` and
+    hidden width ``h``, every time step computes ``W_ih·x_t`` and
+    ``W_hh·h_{t−1}``:
+
+    - forward: ``T·G·(2·i·h + 2·h·h)``;
+    - backward: the weight gradients cost the same as the forward,
+      ``T·G·(2·i·h + 2·h·h)``; the gradient to the recurrent state
+      ``W_hhᵀ·δ`` costs ``(T−1)·G·2·h·h`` (the initial state is a constant zero
+      and needs none); the gradient to the input ``W_ihᵀ·δ`` costs
+      ``T·G·2·i·h`` where the input requires a gradient, which is always
+      the case for layers above the first and, for the first, when
+      ``input_requires_grad`` (e.g. an embedding below it).
+
+    Layer ``l > 0`` has ``i = h·directions``.
+    """
+    dirs = 2 if bidirectional else 1
+    fwd = bwd = 0
+    for layer in range(num_layers):
+        i = input_size if layer == 0 else hidden_size * dirs
+        h = hidden_size
+        step = gates * (2 * i * h + 2 * h * h)
+        input_grad = gates * 2 * i * h if (layer > 0 or input_requires_grad) else 0
+        fwd += dirs * seq_len * step
+        bwd += dirs * (
+            seq_len * step + max(seq_len - 1, 0) * gates * 2 * h * h + seq_len * input_grad
+        )
+    return fwd, bwd
+
+
+def _rnn_module_flops(mod: nn.RNNBase, calls: list[tuple[int, bool]]) -> tuple[int, int]:
+    if mod.proj_size:
+        raise ValueError("layer_view cannot count FLOPs of an LSTM with proj_size > 0")
+    fwd = bwd = 0
+    for seq_len, needs_grad in calls:
+        f, b = rnn_flops(
+            seq_len=seq_len, input_size=mod.input_size, hidden_size=mod.hidden_size,
+            num_layers=mod.num_layers, bidirectional=mod.bidirectional,
+            gates=RNN_GATES[mod.mode], input_requires_grad=needs_grad,
+        )  # fmt: skip
+        fwd, bwd = fwd + f, bwd + b
+    return fwd, bwd
 
 
 @dataclass(frozen=True)
@@ -94,11 +169,13 @@ def layer_view(
 ) -> tuple[LayerInfo, ...]:
     """The model's layers, in forward order, with parameter counts and per-sample FLOPs.
 
-    ``input_shape`` is one sample's shape; a batch of ``batch`` zeros is pushed
-    forward, ``logits.sum()`` is differentiated with respect to the trainable
-    parameters, and FLOPs are read per module (see the module docstring for
-    the counting convention). Layers whose module is never called in the
-    forward pass come last, with zero FLOPs.
+    ``input_shape`` is one sample's shape; a batch of ``batch`` zeros (of the
+    model's ``input_dtype`` when it has one, e.g. int64 token ids, else of its
+    parameters' type) is pushed forward, ``logits.sum()`` is differentiated
+    with respect to the trainable parameters, and FLOPs are read per module
+    (see the module docstring for the counting convention and for recurrent
+    layers). Layers whose module is never called in the forward pass come
+    last, with zero FLOPs.
     """
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
@@ -121,13 +198,31 @@ def layer_view(
         if name not in order:
             order.append(name)
 
+    rnn_calls: dict[int, list[tuple[int, bool]]] = {}
+
+    def record_rnn(mod: nn.Module, args: tuple[Any, ...]) -> None:
+        assert isinstance(mod, nn.RNNBase)
+        data = args[0]
+        if isinstance(data, PackedSequence):
+            raise ValueError("layer_view cannot count FLOPs of an RNN fed a PackedSequence")
+        batched = data.dim() == 3
+        seq_len = int(data.shape[1] if (batched and mod.batch_first) else data.shape[0])
+        rnn_calls.setdefault(id(mod), []).append((seq_len, bool(data.requires_grad)))
+
     params = [p for _, p in trainable]
     ref = params[0]
-    dtype = ref.dtype if ref.is_floating_point() else torch.get_default_dtype()
+    dtype = getattr(model, "input_dtype", None)
+    if not isinstance(dtype, torch.dtype):
+        dtype = ref.dtype if ref.is_floating_point() else torch.get_default_dtype()
     x = torch.zeros(batch, *input_shape, dtype=dtype, device=ref.device)
     saved_buffers = [(b, b.detach().clone()) for b in model.buffers()]
     rng_devices = [ref.device] if ref.device.type == "cuda" else []
     hooks = [modules[n].register_forward_pre_hook(record) for n in owned]
+    hooks += [
+        m.register_forward_pre_hook(record_rnn)
+        for m in model.modules()
+        if isinstance(m, nn.RNNBase)
+    ]
     try:
         with (
             torch.random.fork_rng(devices=rng_devices),
@@ -155,14 +250,18 @@ def layer_view(
         child_keys = [names.get(id(c)) for c in mod.children()]
         fwd = _count(fwd_counts, key) - sum(_count(fwd_counts, k) for k in child_keys)
         tot = _count(all_counts, key) - sum(_count(all_counts, k) for k in child_keys)
+        fwd_per, bwd_per = fwd / batch, (tot - fwd) / batch
+        if isinstance(mod, nn.RNNBase):  # the counter sees 0 here: count exactly instead
+            f, b = _rnn_module_flops(mod, rnn_calls.get(id(mod), []))
+            fwd_per, bwd_per = float(f), float(b)
         layers.append(
             LayerInfo(
                 index=index,
                 name=name,
                 param_names=tuple(owned[name]),
                 num_params=sum(sizes[p] for p in owned[name]),
-                fwd_flops=fwd / batch,
-                bwd_flops=(tot - fwd) / batch,
+                fwd_flops=fwd_per,
+                bwd_flops=bwd_per,
             )
         )
     return tuple(layers)

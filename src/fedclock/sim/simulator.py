@@ -7,11 +7,20 @@ reacts to ``on_start``, ``on_arrival`` and ``on_timer`` through a
 executor as one batch when the callback returns.
 
 Accounting (all in virtual seconds / bytes):
-- compute spent: the compute phase of every task, truncated where a task was
-  cancelled or still in flight when the run stopped;
+- compute spent: the compute phase of every task, charged when the task ends
+  (arrives, is cancelled, or is cut off by the end of the run — then only the
+  part performed), so the column only grows;
 - compute wasted: the part of it whose result was never aggregated (discarded
   updates, cancelled stragglers, work in flight at the end);
-- bytes down when a task is dispatched, bytes up when its update arrives.
+- bytes down when a task is dispatched, bytes up when its update arrives;
+- per committed update: its staleness (global versions created since the
+  client's base version, Fraboni et al.'s n − ρ_i(n)) and the weight the
+  aggregator gave it (``Contribution.weight``), summed per client.
+
+With ``evaluate_clients`` every evaluation also measures each client's training
+loss L_i of the global model and records the federated loss (eq. 2), the
+surrogate loss (eq. 10) and the spread of the client losses
+(:func:`fedclock.metrics.recorder.federated_metrics`).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from fedclock.errors import DivergenceError
+from fedclock.metrics.recorder import federated_metrics
 from fedclock.rng import stream
 from fedclock.sim.types import Contribution, ModelVersion, Task
 
@@ -60,6 +70,7 @@ class StrategyProtocol(Protocol):
 @dataclass
 class Counters:
     aggregations: int = 0
+    updates_received: int = 0  # arrived at the server
     updates_used: int = 0
     updates_discarded: int = 0
     bytes_up: float = 0.0
@@ -67,6 +78,8 @@ class Counters:
     compute_s_spent: float = 0.0
     compute_s_wasted: float = 0.0
     participation: dict[int, int] = field(default_factory=dict)
+    staleness: dict[int, int] = field(default_factory=dict)  # staleness → committed updates
+    weight_received: dict[int, float] = field(default_factory=dict)  # client → Σ ω_i(n)
 
 
 @dataclass
@@ -164,6 +177,8 @@ class Simulator:
         eval_every_aggregations: int | None = 1,
         eval_every_virtual_seconds: float | None = None,
         divergence_factor: float | None = None,
+        evaluate_clients: Callable[[ModelVersion], np.ndarray] | None = None,
+        importance: np.ndarray | None = None,
     ) -> None:
         self.strategy = strategy
         self.executor = executor
@@ -178,6 +193,9 @@ class Simulator:
         self.eval_every_aggregations = eval_every_aggregations
         self.eval_every_virtual_seconds = eval_every_virtual_seconds
         self.divergence_factor = divergence_factor
+        self.evaluate_clients = evaluate_clients
+        self.importance = importance  # p_i of eq. 2 (default: ∝ client sizes)
+        self.last_client_losses: np.ndarray | None = None
 
         self.now = 0.0
         self.counters = Counters()
@@ -219,7 +237,6 @@ class Simulator:
         self._task_count[task.client] += 1
         task.execute = execute
         self.counters.bytes_down += task.cost.bytes_down
-        self.counters.compute_s_spent += task.timing.compute_s
         self._in_flight[task.task_id] = task
         if execute:
             self._pending.append(task)
@@ -233,7 +250,7 @@ class Simulator:
         del self._in_flight[task.task_id]
         self._results.pop(task.task_id, None)
         done = task.timing.compute_done_by(self.now - task.t_start)
-        self.counters.compute_s_spent -= task.timing.compute_s - done
+        self.counters.compute_s_spent += done
         self.counters.compute_s_wasted += done
         self.counters.updates_discarded += 1
 
@@ -249,12 +266,17 @@ class Simulator:
                     f"at aggregation {self.counters.aggregations + 1} (t = {self.now:.4g} s); "
                     "lower train.lr."
                 )
+        current = self.model.version
         self.model = self.strategy.aggregate(self.ctx, contributions)
         ctr = self.counters
         ctr.aggregations += 1
         ctr.updates_used += len(contributions)
         for c in contributions:
             ctr.participation[c.client] = ctr.participation.get(c.client, 0) + 1
+            stale = current - c.base_version
+            ctr.staleness[stale] = ctr.staleness.get(stale, 0) + 1
+            if c.weight is not None:
+                ctr.weight_received[c.client] = ctr.weight_received.get(c.client, 0.0) + c.weight
         k = self.eval_every_aggregations
         if k is not None and ctr.aggregations % k == 0:
             self._record(self.now)
@@ -285,7 +307,8 @@ class Simulator:
             "virtual_time": t,
             "wall_time": time.perf_counter() - self._wall0,
             "aggregation": ctr.aggregations,
-            "updates_received": ctr.updates_used,
+            "updates_received": ctr.updates_received,
+            "updates_used": ctr.updates_used,
             "updates_discarded": ctr.updates_discarded,
             "test_accuracy": acc,
             "test_loss": loss,
@@ -294,6 +317,9 @@ class Simulator:
             "compute_s_spent": ctr.compute_s_spent,
             "compute_s_wasted": ctr.compute_s_wasted,
         }
+        if self.evaluate_clients is not None:
+            self.last_client_losses = self.evaluate_clients(self.model)
+            row.update(self.client_metrics(self.last_client_losses))
         self.history.append(row)
         self.on_record(row)
         initial = self.history[0]["test_loss"]
@@ -305,8 +331,41 @@ class Simulator:
                 "lower train.lr."
             )
 
+    def per_client(self, counts: dict[int, int] | dict[int, float]) -> np.ndarray:
+        out = np.zeros(len(self.population))
+        for client, v in counts.items():
+            out[client] = v
+        return out
+
+    def client_metrics(self, losses: np.ndarray) -> dict[str, float]:
+        """Federated / surrogate / participation losses and the spread, from client losses."""
+        p = self.importance
+        if p is None:
+            p = self.client_sizes / self.client_sizes.sum()
+        return federated_metrics(
+            losses,
+            p,
+            weight_received=self.per_client(self.counters.weight_received),
+            participations=self.per_client(self.counters.participation),
+        )
+
     # ------------------------------------------------------------ main loop
     def run(self) -> StopReason:
+        """Run until a budget is spent or nothing is left to happen.
+
+        If the run ends early (divergence, Ctrl-C) the exception propagates
+        after the work in flight has been accounted for.
+        """
+        try:
+            self._loop()
+        finally:
+            self._settle_in_flight()
+        self._record(self.now)
+        self.on_progress(self)
+        assert self.stop_reason is not None
+        return self.stop_reason
+
+    def _loop(self) -> None:
         self._record(0.0)
         dt = self.eval_every_virtual_seconds
         if dt is not None:
@@ -337,6 +396,8 @@ class Simulator:
                     )
                 contribution = self._results.pop(task.task_id)
                 self.counters.bytes_up += task.cost.bytes_up
+                self.counters.updates_received += 1
+                self.counters.compute_s_spent += task.timing.compute_s
                 self.strategy.on_arrival(self.ctx, contribution)
             elif kind == _TIMER:
                 self.strategy.on_timer(self.ctx, payload)
@@ -346,16 +407,12 @@ class Simulator:
                 self.push(t + dt, _EVAL, None)
             self._flush()
             self.on_progress(self)
-        self._finish()
-        return self.stop_reason
 
-    def _finish(self) -> None:
-        # work still in flight when the run stops is never aggregated
-        for task in list(self._in_flight.values()):
+    def _settle_in_flight(self) -> None:
+        """Work still in flight when the run stops is never aggregated: spent and wasted."""
+        for task in self._in_flight.values():
             done = task.timing.compute_done_by(self.now - task.t_start)
-            self.counters.compute_s_spent -= task.timing.compute_s - done
+            self.counters.compute_s_spent += done
             self.counters.compute_s_wasted += done
         self._in_flight.clear()
         self._results.clear()
-        self._record(self.now)
-        self.on_progress(self)

@@ -35,6 +35,10 @@ class TaskPlan:
     batch_size: int
     samples: int
     epochs: float | None = None
+    # SALF layer-suffix task: only layers depth..L are updated (1-based; L+1 = nothing;
+    # None = the full model). HeteroFL: a width-`width` submodel (None = full width).
+    depth: int | None = None
+    width: float | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -66,6 +70,10 @@ class Contribution:
     buffers: Params  # local buffers after training (e.g. BatchNorm statistics)
     num_samples: int  # client data size (FedAvg weight n_i)
     train_loss: float  # mean training loss over the local steps
+    # the weight ω_i(n) the aggregator gave this update when it was committed
+    # (Fraboni et al. eq. 5; FedAsync's α_t); None until aggregated or if the
+    # aggregator does not report it
+    weight: float | None = None
 
     @property
     def client(self) -> int:

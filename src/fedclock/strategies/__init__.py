@@ -6,9 +6,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fedclock.errors import ConfigError
 from fedclock.strategies.aggregators import FedAvgAggregator, fedavg_weights
+from fedclock.strategies.asynchronous import (
+    ArrivalBuffer,
+    FixedPeriod,
+    RecordingFedAvgAggregator,
+    StepAggregator,
+    UpdateTimes,
+    WeightRule,
+    build_async,
+)
 from fedclock.strategies.base import BuildInfo, Strategy
 from fedclock.strategies.planners import LocalSGDPlanner, local_sgd_plan
+from fedclock.strategies.salf import build_salf_family
 from fedclock.strategies.triggers import SyncRounds, select_clients
 
 if TYPE_CHECKING:
@@ -33,21 +44,32 @@ def _local_sgd(cfg: ExperimentConfig, info: BuildInfo) -> LocalSGDPlanner:
     )
 
 
+def _sync_only(cfg: ExperimentConfig) -> None:
+    s = cfg.strategy
+    if s.aggregation_weights != "auto":
+        raise ConfigError(
+            f"Strategy '{s.name}' weights updates by p_i (strategy.weights), so "
+            f"strategy.aggregation_weights must be 'auto' (got '{s.aggregation_weights}')."
+        )
+
+
 def _fedavg(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     s = cfg.strategy
+    _sync_only(cfg)
     return Strategy(
         name="fedavg",
         planner=_local_sgd(cfg, info),
         trigger=SyncRounds(client_fraction=s.client_fraction),
-        aggregator=FedAvgAggregator(weights=s.weights, server_lr=s.server_lr),
+        aggregator=RecordingFedAvgAggregator(weights=s.weights, server_lr=s.server_lr),
     )
 
 
 def _drop_stragglers(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     s = cfg.strategy
+    if cfg.salf.scenario is not None:  # SALF's straggler-ratio / deadline-depth scenarios
+        return build_salf_family(cfg, info, "drop-stragglers")
+    _sync_only(cfg)
     if s.t_max is None:
-        from fedclock.errors import ConfigError
-
         raise ConfigError(
             "Strategy 'drop-stragglers' needs a deadline: set strategy.t_max (virtual seconds)."
         )
@@ -55,8 +77,23 @@ def _drop_stragglers(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         name="drop-stragglers",
         planner=_local_sgd(cfg, info),
         trigger=SyncRounds(client_fraction=s.client_fraction, t_max=s.t_max),
-        aggregator=FedAvgAggregator(weights=s.weights, server_lr=s.server_lr),
+        aggregator=RecordingFedAvgAggregator(weights=s.weights, server_lr=s.server_lr),
     )
+
+
+def _salf(name: str) -> Callable[[ExperimentConfig, BuildInfo], Strategy]:
+    def build(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
+        strategy: Strategy = build_salf_family(cfg, info, name)
+        return strategy
+
+    return build
+
+
+def _async(name: str) -> Callable[[ExperimentConfig, BuildInfo], Strategy]:
+    def build(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
+        return build_async(cfg, info, name, _local_sgd(cfg, info))
+
+    return build
 
 
 STRATEGIES: dict[str, StrategySpec] = {
@@ -72,6 +109,51 @@ STRATEGIES: dict[str, StrategySpec] = {
             "FedAvg under a deadline t_max: updates not arrived by the deadline are discarded",
             _drop_stragglers,
         ),
+        StrategySpec(
+            "async-identical",
+            "asynchronous FedAvg: a server step on every arrival, weight d_i = 1 (Fraboni et al.)",
+            _async("async-identical"),
+        ),
+        StrategySpec(
+            "async-time-based",
+            "asynchronous FedAvg with time-based weights d_i = (Σ 1/τ_j)·τ_i·p_i (Fraboni eq. 36)",
+            _async("async-time-based"),
+        ),
+        StrategySpec(
+            "fedfix",
+            "FedFix: a server step every delta_t with whatever arrived, d_i = ⌈τ_i/Δt⌉·p_i (eq. 40)",
+            _async("fedfix"),
+        ),
+        StrategySpec(
+            "fedbuff",
+            "FedBuff: a server step every buffer_size arrivals, d_i = 1/m (or as configured)",
+            _async("fedbuff"),
+        ),
+        StrategySpec(
+            "fedasync",
+            "FedAsync (Xie et al.): on each arrival θ ← (1−α_t)θ + α_t·θ_client, α_t = α·s(staleness)",
+            _async("fedasync"),
+        ),
+        StrategySpec(
+            "vanilla",
+            "SALF's vanilla FL: every user a full update each round, no deadline (needs salf.scenario)",
+            _salf("vanilla"),
+        ),
+        StrategySpec(
+            "salf",
+            "SALF (Lang et al.): stragglers send the layers their backprop reached; eq. 9",
+            _salf("salf"),
+        ),
+        StrategySpec(
+            "heterofl",
+            "HeteroFL: stragglers train a width-r submodel; per-element average over holders",
+            _salf("heterofl"),
+        ),
+        StrategySpec(
+            "asyncfl",
+            "AsyncFL (SALF's baseline): a straggler of depth l sends a stale full update every 2l rounds",
+            _salf("asyncfl"),
+        ),
     ]
 }
 
@@ -82,12 +164,18 @@ def build_strategy(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
 
 __all__ = [
     "STRATEGIES",
+    "ArrivalBuffer",
     "BuildInfo",
     "FedAvgAggregator",
+    "FixedPeriod",
     "LocalSGDPlanner",
+    "RecordingFedAvgAggregator",
+    "StepAggregator",
     "Strategy",
     "StrategySpec",
     "SyncRounds",
+    "UpdateTimes",
+    "WeightRule",
     "build_strategy",
     "fedavg_weights",
     "local_sgd_plan",

@@ -68,3 +68,5 @@ class BuildInfo:
     layer_fwd_flops: tuple[float, ...]  # per sample, input side first
     layer_bwd_flops: tuple[float, ...]
     model_bytes: int
+    model: Any = None  # the initial model (SALF: state-dict tensors, HeteroFL slicing)
+    layers: tuple[Any, ...] = ()  # fedclock.models.layer_view(model)

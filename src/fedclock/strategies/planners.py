@@ -18,7 +18,7 @@ def local_sgd_plan(
 
     Batches are cut from successive shuffles of the client's data; an epoch has
     ⌈n/B⌉ batches, the last one partial. ``local_epochs`` (may be fractional)
-    gives round(epochs·⌈n/B⌉) ≥ 1 steps; ``local_steps`` gives the count directly.
+    gives ⌊epochs·⌈n/B⌉ + ½⌋ ≥ 1 steps (halves round up); ``local_steps`` gives the count directly.
     """
     n = int(num_samples)
     b = min(batch_size, n)
@@ -27,7 +27,7 @@ def local_sgd_plan(
         steps = int(local_steps)
     else:
         assert local_epochs is not None
-        steps = max(1, round(local_epochs * per_epoch))
+        steps = max(1, math.floor(local_epochs * per_epoch + 0.5))
     full, rem = divmod(steps, per_epoch)
     samples = full * n + rem * b
     return TaskPlan(local_steps=steps, batch_size=b, samples=samples, epochs=local_epochs)

@@ -11,8 +11,8 @@ from fedclock.sim.types import Contribution, Task
 
 
 def select_clients(rng: np.random.Generator, num_clients: int, fraction: float) -> np.ndarray:
-    """A round's participants: max(1, round(C·N)) clients without replacement, sorted."""
-    m = max(1, round(fraction * num_clients))
+    """A round's participants: max(1, ⌊C·N⌋) clients without replacement, sorted."""
+    m = max(1, int(fraction * num_clients + 1e-9))  # McMahan et al.: m = max(⌊C·K⌋, 1)
     if m >= num_clients:
         return np.arange(num_clients)
     return np.sort(rng.choice(num_clients, size=m, replace=False))
@@ -48,13 +48,15 @@ class SyncRounds:
         )
         self._arrived = []
         self._outstanding = {}
+        deadline = None if self.t_max is None else ctx.now + self.t_max
         for c in clients:
             task = ctx.prepare(int(c))
-            late = self.t_max is not None and task.timing.duration > self.t_max
+            # compare arrival and deadline as the event heap will (same float sums)
+            late = deadline is not None and task.t_finish > deadline
             ctx.dispatch(task, execute=not late)
             self._outstanding[task.task_id] = task
-        if self.t_max is not None:
-            ctx.set_timer(ctx.now + self.t_max, self.round)
+        if deadline is not None:
+            ctx.set_timer(deadline, self.round)
 
     def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
         del self._outstanding[contribution.task.task_id]

@@ -1,7 +1,10 @@
-"""Evaluation of a global model version on held-out data."""
+"""Evaluation of a global model version: on held-out data, and per client on training data."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,3 +37,49 @@ class Evaluator:
             loss += float(F.cross_entropy(logits, yb, reduction="sum"))
             correct += int((logits.argmax(1) == yb).sum())
         return correct / n, loss / n
+
+
+class ClientLossEvaluator:
+    """Each client's training loss L_i(θ) (mean cross-entropy over its own samples).
+
+    One pass over the clients' training samples per call; the per-sample losses
+    are summed per client. Fraboni et al.'s federated loss (eq. 2) and surrogate
+    loss (eq. 10) are weighted sums of these (see
+    :func:`fedclock.metrics.recorder.federated_metrics`).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        indices: Sequence[torch.Tensor],
+        *,
+        batch_size: int = 2048,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        rows = torch.cat([torch.as_tensor(i, dtype=torch.int64) for i in indices])
+        owner = torch.repeat_interleave(
+            torch.arange(len(indices)), torch.tensor([len(i) for i in indices])
+        )
+        self.x = x.to(self.device)  # held once (no copy on CPU); rows gathered per batch
+        self.rows = rows.to(self.device)
+        self.y = y[rows].to(self.device)
+        self.owner = owner.to(self.device)
+        self.sizes = torch.tensor([len(i) for i in indices], dtype=torch.float64)
+        self.num_clients = len(indices)
+        self.batch_size = batch_size
+
+    @torch.no_grad()
+    def __call__(self, version: ModelVersion) -> np.ndarray:
+        self.model.eval()
+        state = {**version.params, **version.buffers}
+        total = torch.zeros(self.num_clients, dtype=torch.float64, device=self.device)
+        for i in range(0, len(self.y), self.batch_size):
+            sl = slice(i, i + self.batch_size)
+            logits = functional_call(self.model, state, (self.x[self.rows[sl]],))
+            loss = F.cross_entropy(logits, self.y[sl], reduction="none")
+            total.index_add_(0, self.owner[sl], loss.to(torch.float64))
+        return (total.cpu() / self.sizes.clamp(min=1)).numpy()

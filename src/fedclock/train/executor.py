@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -17,6 +18,9 @@ from torch import nn
 
 from fedclock.rng import torch_generator
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task, TaskPlan
+
+if TYPE_CHECKING:
+    from fedclock.train.vectorized import VectorizedExecutor
 
 
 @dataclass(frozen=True)
@@ -140,12 +144,29 @@ def resolve_device(name: str) -> torch.device:
 
 
 def make_executor(
-    kind: str, model: nn.Module, data: ClientData, *, seed: int, train, device: str
-) -> SerialExecutor:
-    """Build the executor named in the config (``serial`` for now)."""
-    if kind != "serial":
-        raise ValueError(f"unknown executor {kind!r}")
-    return SerialExecutor(
-        model, data, seed=seed, lr=train.lr, momentum=train.momentum,
-        weight_decay=train.weight_decay, device=resolve_device(device),
+    kind: str,
+    model: nn.Module,
+    data: ClientData,
+    *,
+    seed: int,
+    train,
+    device: str,
+    max_batch_clients: int | None = None,
+) -> SerialExecutor | VectorizedExecutor:
+    """Build the executor named in the config.
+
+    ``serial``: one task after another. ``vectorized`` and ``auto`` (the
+    default): :class:`~fedclock.train.vectorized.VectorizedExecutor`, which
+    runs tasks serially (logged once) where it cannot batch them.
+    """
+    from fedclock.train.vectorized import make_vectorized_or_serial
+
+    kwargs: dict[str, Any] = dict(
+        seed=seed, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay,
+        device=resolve_device(device),
     )  # fmt: skip
+    if kind == "serial":
+        return SerialExecutor(model, data, **kwargs)
+    if kind in ("auto", "vectorized"):
+        return make_vectorized_or_serial(model, data, max_batch_clients=max_batch_clients, **kwargs)
+    raise ValueError(f"unknown executor {kind!r}; allowed: auto, serial, vectorized")

@@ -1,0 +1,91 @@
+"""Engine overhead: events per second of fedclock's simulator with a no-op model.
+
+Asynchronous FedBuff (``benchmarks.async_fedbuff``): 10,000 clients, 100 in flight, the server
+aggregates every 10 arrivals; the executor returns empty updates at once and the aggregator
+makes a new version without touching tensors, so everything timed is the engine's own work
+per event: heap, callbacks, planning (cached), the task's timing from the cost model,
+dispatch, bookkeeping, the commit path. Devices: the ``fx`` scenario (speeds spread 5×), and,
+for the headline figure, a lognormal slowdown per task (one random draw per task, the
+realistic asynchronous setting); the figure without slowdown draws is reported beside it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from benchmarks import common
+from benchmarks.async_fedbuff import AsyncBuffered, NoopAggregator, NoopExecutor
+from benchmarks.common import interleaved, machine, median
+from fedclock.devices.population import Population
+from fedclock.sim.simulator import Budget, Simulator
+from fedclock.sim.types import ModelVersion
+from fedclock.strategies import LocalSGDPlanner, Strategy
+
+NAME = "engine-events"
+CLIENTS = 10_000
+
+
+def population(n: int, slowdown: str) -> Population:
+    tau = 1.0 - np.arange(n) * 0.8 / (n - 1)  # fx scenario, X = 80 %
+    return Population(
+        speed=1.0e8 / tau, up_bandwidth=1.0e6 / tau, down_bandwidth=1.0e6 / tau,
+        slowdown_kind=slowdown, slowdown_sigma=0.5, seed=0,
+    )  # fmt: skip
+
+
+def events_per_s(*, clients: int, events: int, slowdown: str, concurrency: int = 100) -> float:
+    sizes = np.full(clients, 600, dtype=np.int64)
+    planner = LocalSGDPlanner(
+        client_sizes=sizes, batch_size=50, local_epochs=1.0, local_steps=None,
+        flops_per_sample=1.0e6, model_bytes=800_000,
+    )  # fmt: skip
+    trigger = AsyncBuffered(concurrency=concurrency, buffer_size=10)
+    strategy = Strategy("fedbuff-bench", planner, trigger, NoopAggregator())
+    sim = Simulator(
+        strategy=strategy, executor=NoopExecutor(), population=population(clients, slowdown),
+        initial=ModelVersion(0, {}), client_sizes=sizes, seed=0, budget=Budget(updates=events),
+        evaluate=lambda v: (0.0, 0.0), eval_every_aggregations=None,
+    )  # fmt: skip
+    t0 = common.clock()
+    sim.run()
+    dt = common.clock() - t0
+    return trigger.arrivals / dt
+
+
+def run(*, quick: bool = False, repeats: int = 3) -> dict[str, object]:
+    events = 20_000 if quick else 200_000
+    runs, load = interleaved(
+        {
+            "lognormal": lambda: events_per_s(clients=CLIENTS, events=events, slowdown="lognormal"),
+            "none": lambda: events_per_s(clients=CLIENTS, events=events, slowdown="none"),
+        },
+        repeats,
+    )
+    return {
+        "benchmark": NAME,
+        "quick": quick,
+        "events_per_s": median(runs["lognormal"]),
+        "events_per_s_without_slowdown_draws": median(runs["none"]),
+        "runs_events_per_s": runs,
+        "other_processes_cores": load,
+        "config": {
+            "clients": CLIENTS,
+            "in_flight": 100,
+            "buffer_size": 10,
+            "events_per_run": events,
+            "repeats": repeats,
+        },
+        "machine": machine(),
+    }
+
+
+def rows(r: dict[str, object]) -> list[tuple[str, str]]:
+    a, b = r["events_per_s"], r["events_per_s_without_slowdown_draws"]
+    assert isinstance(a, float) and isinstance(b, float)
+    return [
+        ("events/s (lognormal slowdown)", f"{a:,.0f}"),
+        ("events/s (no slowdown draws)", f"{b:,.0f}"),
+        ("other processes (cores) per run", json.dumps(r["other_processes_cores"])),
+    ]

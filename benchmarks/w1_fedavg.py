@@ -1,0 +1,21 @@
+"""W1, compute-bound FedAvg: 100 clients × 600 MNIST-shaped samples, MLP 784-200-200-10,
+10 rounds of 1 local epoch with batch 50 and SGD lr 0.05; test accuracy every round."""
+
+from __future__ import annotations
+
+from benchmarks.common import FedAvgSetup, fedavg_benchmark, fedavg_rows, mnist_like
+
+NAME = "w1-fedavg"
+FLOOR_BLOCK = 25
+
+
+def run(*, quick: bool = False, repeats: int = 3) -> dict[str, object]:
+    clients, rounds = (20, 3) if quick else (100, 10)
+    setup = FedAvgSetup(
+        mnist_like(clients, 600), hidden=(200, 200), rounds=rounds, batch_size=50, lr=0.05,
+        local_epochs=1.0,
+    )  # fmt: skip
+    return fedavg_benchmark(NAME, setup, block=FLOOR_BLOCK, repeats=repeats, quick=quick)
+
+
+rows = fedavg_rows

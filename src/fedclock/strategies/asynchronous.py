@@ -1,0 +1,423 @@
+"""The asynchronous family on one aggregation rule (Fraboni et al. eq. 6) and FedAsync.
+
+One aggregator, :class:`StepAggregator`, implements
+
+    θ^{n+1} = θ^n + η_g Σ_{i ∈ S_n} ω_i(n) Δ_i(ρ_i(n)),   ω_i(n) = d_i · s(n − ρ_i(n))   (eq. 5–6)
+
+where Δ_i was computed on the (possibly stale) version ρ_i(n) the client received
+(the task's ``base``), d_i comes from a :class:`WeightRule` (:mod:`.weights`) and
+s is an optional staleness weight (FLSim-style; constant by default). Optional
+server momentum β replaces the step by v ← β v + step. With ``mix=True`` it is
+FedAsync's θ ← (1 − α_t) θ + α_t θ_new, i.e. θ + α_t (θ_base + Δ − θ).
+
+Three triggers decide when S_n closes (the fourth, the barrier, is
+:class:`~fedclock.strategies.triggers.SyncRounds`):
+
+- :class:`ArrivalBuffer` with m = 1: every arrival (asynchronous FedAvg, FedAsync);
+  the arriving client immediately restarts on the new model;
+- :class:`ArrivalBuffer` with m > 1: every m arrivals (FedBuff); the m
+  contributors wait for the aggregation and restart on the new model, the others
+  keep working on older ones;
+- :class:`FixedPeriod`: every Δt (FedFix); a client that finishes waits idle for
+  the next tick, then receives the new model, so it contributes every ⌈τ_i/Δt⌉ ticks.
+
+All triggers keep every client of the population working (no client sampling).
+Update times τ_i come from :class:`UpdateTimes`: the device profile's nominal
+task duration, or the server's running estimate from observed update times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from fedclock.errors import ConfigError
+from fedclock.sim.simulator import Context
+from fedclock.sim.types import Contribution, ModelVersion, Params, Task
+from fedclock.strategies.aggregators import FedAvgAggregator, fedavg_weights, weighted_delta
+from fedclock.strategies.base import BuildInfo, Planner, Strategy
+from fedclock.strategies.weights import (
+    Staleness,
+    fedbuff_weights,
+    fedfix_weights,
+    identical_weights,
+    participation_weights,
+    time_based_weights,
+)
+
+if TYPE_CHECKING:
+    from fedclock.config import ExperimentConfig
+
+TAU_SOURCES = ("profile", "estimated")
+
+
+class UpdateTimes:
+    """The server's view of each client's update time τ_i.
+
+    - ``profile``: the nominal duration of the client's task on its device
+      (download + compute + upload, without the random slowdown), from
+      :meth:`Population.nominal_timing` — what a server that knows the device
+      profiles would use;
+    - ``estimated``: the mean of the client's observed update times (arrival
+      minus dispatch); a client not heard from yet is taken to need the time
+      elapsed since it was sent its model (a lower bound, the server's only
+      knowledge), or the mean of the observed clients if that is longer.
+    """
+
+    def __init__(self, source: str, planner: Planner) -> None:
+        if source not in TAU_SOURCES:
+            raise ValueError(f"unknown tau source {source!r}; allowed: {', '.join(TAU_SOURCES)}")
+        self.source = source
+        self.planner = planner
+        self._profile: np.ndarray | None = None
+        self._sum = np.zeros(0)
+        self._count = np.zeros(0, dtype=np.int64)
+        self._started = np.zeros(0)
+
+    def setup(self, ctx: Context) -> None:
+        n = ctx.num_clients
+        self._sum = np.zeros(n)
+        self._count = np.zeros(n, dtype=np.int64)
+        self._started = np.zeros(n)
+        if self.source == "profile":
+            self._profile = np.array(
+                [
+                    ctx.population.nominal_timing(c, self.planner.plan(ctx, c)[1]).duration
+                    for c in range(n)
+                ]
+            )
+
+    def started(self, client: int, t: float) -> None:
+        self._started[client] = t
+
+    def observe(self, task: Task, now: float) -> None:
+        self._sum[task.client] += now - task.t_start
+        self._count[task.client] += 1
+
+    def tau(self, now: float) -> np.ndarray:
+        if self._profile is not None:
+            return self._profile
+        seen = self._count > 0
+        mean = np.divide(self._sum, self._count, out=np.zeros_like(self._sum), where=seen)
+        floor = float(mean[seen].mean()) if seen.any() else 0.0
+        unseen = np.maximum(now - self._started, floor)
+        unseen = np.where(unseen > 0, unseen, 1.0)  # nothing known at all: equal times
+        return np.where(seen, mean, unseen)
+
+
+class WeightRule:
+    """d_i for the committed contributions (see :mod:`fedclock.strategies.weights`).
+
+    ``importance`` is p over the whole population (Σ p = 1).
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        importance: np.ndarray,
+        times: UpdateTimes | None = None,
+        delta_t: float | None = None,
+        buffer_size: int | None = None,
+    ) -> None:
+        self.kind = kind
+        self.importance = importance
+        self.times = times
+        self.delta_t = delta_t
+        self.buffer_size = buffer_size
+
+    def __call__(self, ctx: Context, contributions: Sequence[Contribution]) -> np.ndarray:
+        clients = np.array([c.client for c in contributions], dtype=np.int64)
+        p = self.importance[clients]
+        kind = self.kind
+        if kind == "identical":
+            return identical_weights(len(clients))
+        if kind == "sync":
+            return p.copy()
+        if kind == "fedbuff":
+            assert self.buffer_size is not None
+            return fedbuff_weights(self.buffer_size, len(clients))
+        if kind == "participation":
+            done = ctx.counters.participation
+            counts = np.array([done.get(int(c), 0) + 1 for c in clients], dtype=np.float64)
+            return participation_weights(p, counts, ctx.counters.aggregations + 1)
+        assert self.times is not None
+        tau = self.times.tau(ctx.now)
+        if kind == "time-based":
+            return time_based_weights(tau, self.importance)[clients]
+        if kind == "fedfix":
+            assert self.delta_t is not None
+            return fedfix_weights(tau[clients], p, self.delta_t)
+        raise ValueError(f"unknown weight rule {kind!r}")
+
+
+class ConstantWeight:
+    """d_i = c for every contribution (FedAsync's α before the staleness factor)."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __call__(self, ctx: Context, contributions: Sequence[Contribution]) -> np.ndarray:
+        return np.full(len(contributions), self.value)
+
+
+class StepAggregator:
+    """The general rule θ ← θ + η_g Σ ω_i Δ_i (eq. 6), or FedAsync's mixing (``mix``).
+
+    Sets ``contribution.weight`` to the ω_i it applied. Floating-point buffers
+    follow the same rule with the buffer deltas (b_i − b_base); others keep the
+    server's values. An empty commit leaves the model unchanged.
+    """
+
+    def __init__(
+        self,
+        weights: Callable[[Context, Sequence[Contribution]], np.ndarray],
+        *,
+        server_lr: float = 1.0,
+        server_momentum: float = 0.0,
+        staleness: Staleness | None = None,
+        mix: bool = False,
+    ) -> None:
+        self.weights = weights
+        self.server_lr = server_lr
+        self.server_momentum = server_momentum
+        self.staleness = staleness or Staleness()
+        self.mix = mix
+        self._velocity: Params | None = None
+
+    def omega(
+        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
+    ) -> np.ndarray:
+        """ω_i = d_i · s(staleness_i), staleness in versions since the client's base."""
+        d = np.asarray(self.weights(ctx, contributions), dtype=np.float64)
+        if self.staleness.is_constant:
+            return d
+        s = np.array([self.staleness(base.version - c.base_version) for c in contributions])
+        return d * s
+
+    def aggregate(
+        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
+    ) -> ModelVersion:
+        if not contributions:
+            return base
+        w = self.omega(ctx, base, contributions)
+        for c, wi in zip(contributions, w, strict=True):
+            c.weight = float(wi)
+        if self.mix:  # FedAsync: θ_new − θ = θ_base + Δ − θ
+            step = {name: _mixed(contributions, w, name, cur) for name, cur in base.params.items()}
+        else:
+            step = weighted_delta(contributions, w)
+        if self.server_momentum > 0:
+            if self._velocity is None:
+                self._velocity = {k: torch.zeros_like(v) for k, v in step.items()}
+            for k, v in step.items():
+                self._velocity[k].mul_(self.server_momentum).add_(v)
+            step = self._velocity
+        params = {k: v + self.server_lr * step[k] for k, v in base.params.items()}
+        buffers = self._buffers(base, contributions, w) if base.buffers else {}
+        return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
+
+    def _buffers(
+        self, base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray
+    ) -> Params:
+        out: Params = {}
+        for name, cur in base.buffers.items():
+            if not cur.is_floating_point():
+                out[name] = cur
+                continue
+            acc = torch.zeros_like(cur)
+            for c, wi in zip(contributions, w, strict=True):
+                ref = cur if self.mix else c.task.base.buffers[name]
+                acc.add_(c.buffers[name] - ref, alpha=float(wi))
+            out[name] = cur + (1.0 if self.mix else self.server_lr) * acc
+        return out
+
+
+def _mixed(
+    contributions: Sequence[Contribution], w: np.ndarray, name: str, cur: torch.Tensor
+) -> torch.Tensor:
+    """Σ_i α_i (θ_base,i + Δ_i − θ) for one parameter tensor (FedAsync)."""
+    acc = torch.zeros_like(cur)
+    for c, wi in zip(contributions, w, strict=True):
+        acc.add_(c.task.base.params[name] + c.delta[name] - cur, alpha=float(wi))
+    return acc
+
+
+class RecordingFedAvgAggregator(FedAvgAggregator):
+    """:class:`FedAvgAggregator` that also reports the weight p_i of each update."""
+
+    def aggregate(
+        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
+    ) -> ModelVersion:
+        if contributions:
+            p = fedavg_weights([c.num_samples for c in contributions], self.weights)
+            for c, pi in zip(contributions, p, strict=True):
+                c.weight = float(pi)
+        return super().aggregate(ctx, base, contributions)
+
+
+# ------------------------------------------------------------------ triggers
+
+
+class _AllClients:
+    """Shared by the asynchronous triggers: every client works all the time."""
+
+    def __init__(self, times: UpdateTimes) -> None:
+        self.times = times
+
+    def _start(self, ctx: Context, client: int) -> None:
+        ctx.dispatch(ctx.prepare(client))
+        self.times.started(client, ctx.now)
+
+    def _start_all(self, ctx: Context) -> None:
+        self.times.setup(ctx)
+        for c in range(ctx.num_clients):
+            self._start(ctx, c)
+
+    def _commit_and_restart(self, ctx: Context, arrived: list[Contribution]) -> None:
+        batch = sorted(arrived, key=lambda c: c.client)  # fixed sum order
+        ctx.commit(batch)
+        if not ctx.stopping:
+            for c in batch:
+                self._start(ctx, c.client)
+
+
+class ArrivalBuffer(_AllClients):
+    """Aggregate every ``buffer_size`` arrivals (1: asynchronous FedAvg; m: FedBuff)."""
+
+    def __init__(self, times: UpdateTimes, *, buffer_size: int = 1) -> None:
+        super().__init__(times)
+        if buffer_size < 1:
+            raise ValueError("buffer_size must be at least 1")
+        self.buffer_size = buffer_size
+        self._buffer: list[Contribution] = []
+
+    def on_start(self, ctx: Context) -> None:
+        self._start_all(ctx)
+
+    def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
+        self.times.observe(contribution.task, ctx.now)
+        self._buffer.append(contribution)
+        if len(self._buffer) >= self.buffer_size:
+            arrived, self._buffer = self._buffer, []
+            self._commit_and_restart(ctx, arrived)
+
+    def on_timer(self, ctx: Context, tag: Any) -> None:
+        return None
+
+
+class FixedPeriod(_AllClients):
+    """FedFix: aggregate every ``delta_t`` virtual seconds whatever has arrived.
+
+    Ticks are at t₀ + Δt, (t₀ + Δt) + Δt, … (each computed from the previous
+    one, so with Δt equal to the slowest task duration the ticks coincide with
+    the synchronous barrier). An update arriving exactly at a tick is in that
+    tick. A tick with no update makes no server step.
+    """
+
+    def __init__(self, times: UpdateTimes, *, delta_t: float) -> None:
+        super().__init__(times)
+        if not delta_t > 0:
+            raise ValueError("delta_t must be > 0")
+        self.delta_t = delta_t
+        self._waiting: list[Contribution] = []
+        self.ticks = 0
+
+    def on_start(self, ctx: Context) -> None:
+        self._start_all(ctx)
+        ctx.set_timer(ctx.now + self.delta_t, "tick")
+
+    def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
+        self.times.observe(contribution.task, ctx.now)
+        self._waiting.append(contribution)  # idle until the next tick
+
+    def on_timer(self, ctx: Context, tag: Any) -> None:
+        self.ticks += 1
+        if self._waiting:
+            arrived, self._waiting = self._waiting, []
+            self._commit_and_restart(ctx, arrived)
+        if not ctx.stopping:
+            ctx.set_timer(ctx.now + self.delta_t, "tick")
+
+
+# ------------------------------------------------------------------ builders
+
+ASYNC_DEFAULT_WEIGHTS = {
+    "async-identical": "identical",
+    "async-time-based": "time-based",
+    "fedfix": "fedfix",
+    "fedbuff": "fedbuff",
+}
+
+
+def build_async(cfg: ExperimentConfig, info: BuildInfo, name: str, planner: Planner) -> Strategy:
+    """The strategies ``async-identical``, ``async-time-based``, ``fedfix``, ``fedbuff``, ``fedasync``."""
+    s = cfg.strategy
+    m = cfg.partition.num_clients
+    if s.client_fraction != 1.0:
+        raise ConfigError(
+            f"Strategy '{name}' keeps every client working, so strategy.client_fraction "
+            f"must be 1 (got {s.client_fraction:g})."
+        )
+    if name == "fedfix" and s.delta_t is None:
+        raise ConfigError(
+            "Strategy 'fedfix' needs a period: set strategy.delta_t (virtual seconds)."
+        )
+    if name == "fedbuff" and s.buffer_size is None:
+        raise ConfigError(
+            "Strategy 'fedbuff' needs a buffer size: set strategy.buffer_size (updates per step)."
+        )
+    if s.buffer_size is not None and name == "fedbuff" and s.buffer_size > m:
+        raise ConfigError(
+            f"strategy.buffer_size = {s.buffer_size} exceeds the {m} clients, "
+            "so the buffer could never fill."
+        )
+    times = UpdateTimes(s.tau_source, planner)
+    staleness = Staleness(
+        kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
+    )
+    trigger: ArrivalBuffer | FixedPeriod
+    if name == "fedfix":
+        assert s.delta_t is not None
+        trigger = FixedPeriod(times, delta_t=s.delta_t)
+    elif name == "fedbuff":
+        assert s.buffer_size is not None
+        trigger = ArrivalBuffer(times, buffer_size=s.buffer_size)
+    else:
+        trigger = ArrivalBuffer(times, buffer_size=1)
+
+    if name == "fedasync":
+        if s.aggregation_weights != "auto":
+            raise ConfigError(
+                "Strategy 'fedasync' mixes with α·s(staleness), so strategy.aggregation_weights "
+                f"must be 'auto' (got '{s.aggregation_weights}')."
+            )
+        aggregator = StepAggregator(
+            ConstantWeight(s.alpha), server_lr=1.0, server_momentum=s.server_momentum,
+            staleness=staleness, mix=True,
+        )  # fmt: skip
+        return Strategy(name=name, planner=planner, trigger=trigger, aggregator=aggregator)
+
+    kind = ASYNC_DEFAULT_WEIGHTS[name] if s.aggregation_weights == "auto" else s.aggregation_weights
+    if kind == "fedfix" and s.delta_t is None:
+        raise ConfigError(
+            "strategy.aggregation_weights 'fedfix' (⌈τ_i/Δt⌉·p_i) needs strategy.delta_t."
+        )
+    if kind == "fedbuff" and s.buffer_size is None:
+        raise ConfigError(
+            "strategy.aggregation_weights 'fedbuff' (1/m) needs strategy.buffer_size."
+        )
+    rule = WeightRule(
+        kind,
+        importance=fedavg_weights(info.client_sizes.tolist(), s.weights),
+        times=times,
+        delta_t=s.delta_t,
+        buffer_size=s.buffer_size,
+    )
+    aggregator = StepAggregator(
+        rule, server_lr=s.server_lr, server_momentum=s.server_momentum, staleness=staleness
+    )
+    return Strategy(name=name, planner=planner, trigger=trigger, aggregator=aggregator)

@@ -1,0 +1,516 @@
+"""SALF (Lang et al., stragglers-aware layer-wise FL) and its four baselines.
+
+See ``docs/methods/salf.md``. The pure math (eq. 8–10) comes first; then the
+depth sources (straggler ratio, deadline), the aggregators (eq. 9, the
+authors' divide-by-U rule, HeteroFL's per-element coverage average) and one
+round-based trigger/planner that serves the five methods ``vanilla``,
+``drop-stragglers``, ``salf``, ``heterofl`` and ``asyncfl``.
+
+Depth convention (paper): layers 1..L, 1 = input side; a user of depth d
+updates layers d..L; d = 1 is a full update, d = L+1 nothing. A "layer" is a
+module with parameters in ``paper`` mode and one state-dict tensor in
+``reference`` mode (the authors' code).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedclock.devices.cost import TaskCost
+from fedclock.sim.simulator import Context
+from fedclock.sim.types import Contribution, ModelVersion, Params, TaskPlan
+
+METHODS = ("vanilla", "drop-stragglers", "salf", "heterofl", "asyncfl")
+
+
+# --------------------------------------------------------------------- pure math
+def update_sets(depths: Sequence[int], num_layers: int) -> list[list[int]]:
+    """U^l = {u : d_u ≤ l} for l = 1..L (eq. 8), as lists of user positions."""
+    return [[u for u, d in enumerate(depths) if d <= layer] for layer in range(1, num_layers + 1)]
+
+
+def p_eq10(layer: int, num_layers: int, num_users: int) -> float:
+    """p_l = (1 − l/(L+1))^U (eq. 10): P(|U^l| = 0) under AS4."""
+    return (1.0 - layer / (num_layers + 1)) ** num_users
+
+
+def p_exact_ratio(
+    layer: int, num_layers: int, num_users: int, num_stragglers: int, *, reference: bool = False
+) -> float:
+    """P(|U^l| = 0) when ``num_stragglers`` of ``num_users`` straggle with uniform depth.
+
+    Non-stragglers have depth 1 (so U^l is never empty if there is one). A
+    straggler's depth is uniform on {1..L+1} (paper) or {1..L} (reference).
+    With every user a straggler (paper) this is eq. 10.
+    """
+    if num_stragglers < num_users:
+        return 0.0
+    top = num_layers if reference else num_layers + 1
+    return max(0.0, 1.0 - layer / top) ** num_stragglers
+
+
+def p_exact_independent(prob_beyond: Sequence[float]) -> float:
+    """P(|U^l| = 0) = Π_u P(d_u > l) for independent users."""
+    return float(np.prod(np.asarray(prob_beyond, dtype=np.float64)))
+
+
+def salf_layer_update(w: torch.Tensor, deltas: Sequence[torch.Tensor], p: float) -> torch.Tensor:
+    """Eq. 9 for one layer in delta form.
+
+    w̃ = w if U^l is empty, else (mean_{U^l}(w + Δ_u) − p·w)/(1 − p) = w + mean_{U^l} Δ_u/(1 − p).
+    """
+    if not deltas:
+        return w
+    mean = torch.stack(list(deltas)).mean(dim=0)
+    return w + mean / (1.0 - p)
+
+
+def divide_by_u_update(
+    w: torch.Tensor, deltas: Sequence[torch.Tensor], num_users: int
+) -> torch.Tensor:
+    """The authors' rule: w + (1/U) Σ Δ_u (users that did not update the tensor count as Δ = 0)."""
+    if not deltas:
+        return w
+    return w + torch.stack(list(deltas)).sum(dim=0) / num_users
+
+
+def coverage_update(
+    w: torch.Tensor, deltas: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """HeteroFL: each element averaged over the clients that hold it; unheld elements unchanged."""
+    if not deltas:
+        return w
+    total = torch.stack(list(deltas)).sum(dim=0)
+    count = torch.stack([m.to(w.dtype) for m in masks]).sum(dim=0)
+    return w + torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(w))
+
+
+def width_shapes(shapes: Sequence[tuple[int, ...]], rate: float) -> list[tuple[int, ...]]:
+    """Prefix shapes of a width-``rate`` submodel (HeteroFL), tensors in forward order.
+
+    Every tensor of ≥ 2 dims is a weight layer: its output dim keeps the first
+    ⌈rate·C⌉ entries (the last weight layer keeps all outputs) and its input dim
+    follows the previous selection (a prefix of the flattened features when a
+    linear layer follows a convolution: channel-major flattening). 1-dim tensors
+    (bias, BN) follow the current output selection.
+    """
+    weights = [i for i, s in enumerate(shapes) if len(s) >= 2]
+    last = weights[-1] if weights else -1
+    prev_full: int | None = None
+    prev_keep: int | None = None
+    out: list[tuple[int, ...]] = []
+    cur_full = cur_keep = 0
+    for i, s in enumerate(shapes):
+        if len(s) >= 2:
+            cur_full = s[0]
+            cur_keep = s[0] if i == last else math.ceil(rate * s[0])
+            fan_in = s[1]
+            if prev_full is None or prev_keep is None:
+                keep_in = fan_in
+            else:
+                keep_in = fan_in * prev_keep // prev_full  # prefix of the flattened features
+            out.append((cur_keep, keep_in, *s[2:]))
+            prev_full, prev_keep = cur_full, cur_keep
+        elif len(s) == 1 and s[0] == cur_full and cur_full > 0:
+            out.append((cur_keep,))
+        else:
+            out.append(tuple(s))
+    return out
+
+
+def prefix_mask(shape: tuple[int, ...], keep: tuple[int, ...]) -> torch.Tensor:
+    mask = torch.zeros(shape, dtype=torch.bool)
+    mask[tuple(slice(0, k) for k in keep)] = True
+    return mask
+
+
+# --------------------------------------------------------------------- units
+@dataclass(frozen=True)
+class Units:
+    """The model's "layers" in the mode in force, input side first (1-based in the docs).
+
+    ``of_param``/``of_buffer`` give each tensor's 1-based unit; ``bwd_flops`` the
+    backward FLOPs per sample of each unit; ``fwd_flops`` the whole forward.
+    """
+
+    count: int
+    of_param: dict[str, int]
+    of_buffer: dict[str, int]
+    bwd_flops: tuple[float, ...]
+    fwd_flops: float
+    param_bytes: tuple[int, ...]
+    # backward FLOPs of a unit when it is the deepest computed: its input gradient is not
+    # needed, so only the weight gradient (= its forward FLOPs) is charged
+    bwd_first: tuple[float, ...] = ()
+
+    def suffix_bwd(self, depth: int) -> float:
+        """Backward FLOPs per sample of a task of this depth (units depth..L)."""
+        if depth > self.count:
+            return 0.0
+        first = self.bwd_first[depth - 1] if self.bwd_first else self.bwd_flops[depth - 1]
+        return first + sum(self.bwd_flops[depth:])
+
+
+def build_units(model: torch.nn.Module, layers: Sequence[Any], mode: str) -> Units:
+    """Units from :func:`fedclock.models.layer_view` (``paper``) or the state dict (``reference``)."""
+    fwd = float(sum(layer.fwd_flops for layer in layers))
+    owner = {name: layer for layer in layers for name in layer.param_names}
+    params = dict(model.named_parameters())
+    if mode == "paper":
+        of_param = {n: layer.index + 1 for layer in layers for n in layer.param_names}
+        module_unit = {layer.name: layer.index + 1 for layer in layers}
+        of_buffer = {}
+        for name, _ in model.named_buffers():
+            mod = name.rsplit(".", 1)[0]
+            of_buffer[name] = module_unit.get(mod, len(layers))
+        nbytes = tuple(
+            sum(params[n].numel() * params[n].element_size() for n in layer.param_names)
+            for layer in layers
+        )
+        bwd_first = tuple(min(lay.fwd_flops, lay.bwd_flops) for lay in layers)
+        return Units(
+            len(layers), of_param, of_buffer, tuple(lay.bwd_flops for lay in layers), fwd, nbytes,
+            bwd_first,
+        )  # fmt: skip
+    entries = list(model.state_dict().items())
+    of_param, of_buffer, bwd, nb = {}, {}, [], []
+    for i, (name, tensor) in enumerate(entries):
+        is_param = name in params
+        (of_param if is_param else of_buffer)[name] = i + 1
+        layer = owner.get(name)
+        # a layer's backward FLOPs are charged to its weight tensor (bias gradients are sums)
+        first = layer is not None and layer.param_names[0] == name
+        bwd.append(float(layer.bwd_flops) if first and layer is not None else 0.0)
+        nb.append(tensor.numel() * tensor.element_size())
+    return Units(len(entries), of_param, of_buffer, tuple(bwd), fwd, tuple(nb))
+
+
+def deadline_depth(avail_s: float, fwd_s: float, bwd_s: Sequence[float]) -> int:
+    """Deepest unit reached: the smallest d with fwd + Σ_{l ≥ d} bwd_l ≤ avail (L+1 if none)."""
+    depth = len(bwd_s) + 1
+    t = fwd_s
+    if t > avail_s:
+        return depth
+    for layer in range(len(bwd_s), 0, -1):
+        t += bwd_s[layer - 1]
+        if t > avail_s:
+            break
+        depth = layer
+    return depth
+
+
+# --------------------------------------------------------------------- aggregators
+class SalfAggregator:
+    """``paper``: eq. 9 per unit with p_l (``p_rule`` exact / eq10 / zero; drop-stragglers,
+    vanilla and AsyncFL are the p = 0 case — a plain mean over the users holding the
+    unit). ``reference``: w + (1/U) Σ Δ_u over every tensor (the authors' FedAvg)."""
+
+    def __init__(
+        self, *, mode: str, units: Units, num_users: int, p_values: Sequence[float]
+    ) -> None:
+        self.mode = mode
+        self.units = units
+        self.num_users = num_users
+        self.p_values = tuple(p_values)  # p_l for l = 1..L
+
+    def aggregate(
+        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
+    ) -> ModelVersion:
+        depth = [c.task.plan.depth or 1 for c in contributions]
+        for c in contributions:
+            c.weight = 1.0 / len(contributions) if self.mode == "paper" else 1.0 / self.num_users
+        params: Params = {}
+        for name, w in base.params.items():
+            deltas = [c.delta[name] for c in contributions]
+            if self.mode == "reference":
+                params[name] = divide_by_u_update(w, deltas, self.num_users)
+            else:
+                unit = self.units.of_param[name]
+                held = [d for d, dep in zip(deltas, depth, strict=True) if dep <= unit]
+                params[name] = salf_layer_update(w, held, self.p_values[unit - 1])
+        buffers: Params = {}
+        for name, b in base.buffers.items():
+            if self.mode == "reference":
+                vals = [c.buffers[name] for c in contributions]
+                if b.is_floating_point():
+                    buffers[name] = divide_by_u_update(b, [v - b for v in vals], self.num_users)
+                else:  # averaged as an integer and truncated, as the authors' code
+                    s = sum((v - b for v in vals), torch.zeros_like(b))
+                    buffers[name] = b + torch.div(s, self.num_users, rounding_mode="trunc")
+            else:
+                unit = self.units.of_buffer.get(name, self.units.count)
+                vals = [
+                    c.buffers[name]
+                    for c, dep in zip(contributions, depth, strict=True)
+                    if dep <= unit
+                ]
+                if not vals:
+                    buffers[name] = b
+                elif b.is_floating_point():
+                    buffers[name] = torch.stack(vals).mean(dim=0)
+                else:
+                    buffers[name] = vals[0].clone()
+        return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
+
+
+class CoverageAggregator:
+    """HeteroFL: per-element average over the clients holding each element."""
+
+    def aggregate(
+        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
+    ) -> ModelVersion:
+        names = list(base.params)
+        shapes = [tuple(base.params[n].shape) for n in names]
+        masks_by_rate: dict[float, dict[str, torch.Tensor]] = {}
+        params: Params = {}
+        per_contrib: list[dict[str, torch.Tensor] | None] = []
+        for c in contributions:
+            r = c.task.plan.width
+            if r is None:
+                per_contrib.append(None)
+                continue
+            if r not in masks_by_rate:
+                keep = width_shapes(shapes, r)
+                masks_by_rate[r] = {
+                    n: prefix_mask(s, k) for n, s, k in zip(names, shapes, keep, strict=True)
+                }
+            per_contrib.append(masks_by_rate[r])
+        for name in names:
+            w = base.params[name]
+            full = torch.ones_like(w, dtype=torch.bool)
+            masks = [full if m is None else m[name] for m in per_contrib]
+            params[name] = coverage_update(w, [c.delta[name] for c in contributions], masks)
+        for c in contributions:
+            c.weight = 1.0 / max(1, len(contributions))
+        buffers = {k: v.clone() for k, v in base.buffers.items()}
+        return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
+
+
+# --------------------------------------------------------------------- rounds
+@dataclass
+class RoundSetup:
+    method: str
+    mode: str  # paper | reference
+    scenario: str  # ratio | deadline
+    units: Units
+    num_users: int
+    straggler_ratio: float
+    t_max: float | None
+    full_plan: TaskPlan
+    model_bytes: int
+    heterofl_rate: float = 0.5
+    fixed: dict[str, Any] = field(default_factory=dict)
+
+
+class StragglerRounds:
+    """Synchronous rounds over all U users with a depth per user per round.
+
+    Acts as both Planner and Trigger: at a round start it draws every user's
+    depth (streams ``("stragglers", ...)``, ``("depths", round)``: common to
+    every method), then dispatches what the method asks of each user; the
+    round closes when every dispatched task has arrived, with one aggregation.
+    """
+
+    def __init__(self, setup: RoundSetup) -> None:
+        self.s = setup
+        self.round = 0
+        self._next: dict[int, tuple[TaskPlan, TaskCost]] = {}
+        self._outstanding: set[int] = set()
+        self._arrived: list[Contribution] = []
+        # AsyncFL: client → (stale base, round at which it delivers)
+        self._cycles: dict[int, tuple[ModelVersion, int, int]] = {}
+
+    # ---- planner
+    def cost(self, plan: TaskPlan) -> TaskCost:
+        u = self.s.units
+        fwd = plan.samples * u.fwd_flops
+        full_bytes = self.s.model_bytes
+        if plan.width is not None:
+            scale = plan.width**2  # hidden×hidden layers shrink by r² (documented approximation)
+            return TaskCost(
+                flops=scale * plan.samples * (u.fwd_flops + sum(u.bwd_flops)),
+                bytes_down=int(scale * full_bytes), bytes_up=int(scale * full_bytes),
+            )  # fmt: skip
+        d = plan.depth or 1
+        bwd = plan.samples * u.suffix_bwd(d)
+        up = sum(u.param_bytes[d - 1 :]) if plan.depth is not None else full_bytes
+        return TaskCost(flops=fwd + bwd, bytes_down=full_bytes, bytes_up=int(up))
+
+    def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
+        got = self._next.get(client)
+        if got is None:
+            return self.s.full_plan, self.cost(self.s.full_plan)
+        return got
+
+    # ---- depth sources
+    def depths(self, ctx: Context) -> np.ndarray:
+        """Depth per user this round (1 = full, L+1 = nothing)."""
+        s, L, U = self.s, self.s.units.count, self.s.num_users
+        if s.scenario == "deadline":
+            return self._deadline_depths(ctx)
+        m = round(s.straggler_ratio * U)
+        d = np.ones(U, dtype=np.int64)
+        if s.mode == "reference":  # fixed straggler set, k uniform on {1..L} tensors
+            if "set" not in s.fixed:
+                g = ctx.rng("stragglers")
+                s.fixed["set"] = np.sort(g.choice(U, size=m, replace=False))
+            stragglers = s.fixed["set"]
+            draws = ctx.rng("depths", self.round).integers(1, L + 1, size=U)
+        else:  # re-drawn each round, depth uniform on {1..L+1}
+            stragglers = np.sort(ctx.rng("stragglers", self.round).choice(U, size=m, replace=False))
+            draws = ctx.rng("depths", self.round).integers(1, L + 2, size=U)
+        d[stragglers] = draws[stragglers]
+        return d
+
+    def _deadline_depths(self, ctx: Context) -> np.ndarray:
+        s = self.s
+        assert s.t_max is not None
+        out = np.ones(s.num_users, dtype=np.int64)
+        u = s.units
+        for c in range(s.num_users):
+            self._next.pop(c, None)
+            task = ctx.prepare(c)  # the full task: its timing carries this round's slowdown
+            t = task.timing
+            per_flop = t.compute_s / max(task.cost.flops, 1e-300)
+            n = s.full_plan.samples
+            avail = s.t_max - t.down_s - t.up_s
+            out[c] = deadline_depth(
+                avail, n * u.fwd_flops * per_flop, [n * b * per_flop for b in u.bwd_flops]
+            )
+        return out
+
+    # ---- trigger
+    def on_start(self, ctx: Context) -> None:
+        self._start_round(ctx)
+
+    def _start_round(self, ctx: Context) -> None:
+        while True:
+            depths = self.depths(ctx)
+            self._dispatch_round(ctx, depths)
+            if self._outstanding or ctx.stopping:
+                return
+            ctx.commit([])  # nobody computes anything this round: the model is kept
+            self.round += 1
+            if ctx.stopping:
+                return
+
+    def _dispatch_round(self, ctx: Context, depths: np.ndarray) -> None:
+        s, L = self.s, self.s.units.count
+        self._arrived, self._outstanding = [], set()
+        full = s.full_plan
+        for c in range(s.num_users):
+            d = int(depths[c])
+            straggler = d > 1
+            base: ModelVersion | None = None
+            plan: TaskPlan | None = full
+            if s.method == "vanilla":
+                pass
+            elif s.method == "drop-stragglers":
+                plan = None if straggler else full
+            elif s.method == "salf":
+                plan = None if d > L else (replace(full, depth=d) if straggler else full)
+            elif s.method == "heterofl":
+                plan = replace(full, width=s.heterofl_rate) if straggler else full
+            elif s.method == "asyncfl":
+                plan, base = self._asyncfl(ctx, c, d, straggler)
+            if plan is None:
+                continue
+            self._next[c] = (plan, self.cost(plan))
+            task = ctx.prepare(c, base=base)
+            ctx.dispatch(task)
+            self._outstanding.add(task.task_id)
+        self._next.clear()
+
+    def _asyncfl(
+        self, ctx: Context, c: int, d: int, straggler: bool
+    ) -> tuple[TaskPlan | None, ModelVersion | None]:
+        """A straggler of depth l downloads the model, then delivers a full update computed
+        on it 2l rounds later (participation every 2l rounds); others deliver every round."""
+        cycle = self._cycles.get(c)
+        if cycle is None:
+            if not straggler:
+                return self.s.full_plan, None
+            cycle = (ctx.model, self.round, self.round + 2 * d - 1)
+            self._cycles[c] = cycle
+        stale, _, due = cycle
+        if self.round < due:
+            return None, None
+        del self._cycles[c]
+        return self.s.full_plan, stale
+
+    def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
+        self._outstanding.discard(contribution.task.task_id)
+        self._arrived.append(contribution)
+        if not self._outstanding:
+            ctx.commit(sorted(self._arrived, key=lambda c: c.client))
+            self.round += 1
+            if not ctx.stopping:
+                self._start_round(ctx)
+
+    def on_timer(self, ctx: Context, tag: Any) -> None:
+        return None
+
+
+def p_values(setup: RoundSetup, rule: str, population: Any = None) -> list[float]:
+    """p_l, l = 1..L, for ``rule`` exact / eq10 / zero (non-SALF methods always use 0)."""
+    L, U = setup.units.count, setup.num_users
+    if rule == "zero" or setup.method != "salf":
+        return [0.0] * L
+    if rule == "eq10":
+        return [p_eq10(layer, L, U) for layer in range(1, L + 1)]
+    if setup.scenario == "ratio":
+        m = round(setup.straggler_ratio * U)
+        ref = setup.mode == "reference"
+        return [p_exact_ratio(layer, L, U, m, reference=ref) for layer in range(1, L + 1)]
+    # deadline: depths are deterministic without a slowdown draw, so U^l is either always
+    # or never empty; p_l = 0 keeps eq. 9 a plain mean where it is not (see the docs)
+    return [0.0] * L
+
+
+# --------------------------------------------------------------------- builder
+def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
+    """The Strategy for ``method`` under ``cfg.salf`` (scenario, mode, p_rule)."""
+    from fedclock.errors import ConfigError
+    from fedclock.strategies.base import Strategy
+    from fedclock.strategies.planners import local_sgd_plan
+
+    sc = cfg.salf
+    if sc.scenario is None:
+        raise ConfigError(
+            f"Strategy '{method}' needs salf.scenario: 'ratio' (population.straggler_ratio) "
+            "or 'deadline' (strategy.t_max)."
+        )
+    if sc.scenario == "deadline" and cfg.strategy.t_max is None:
+        raise ConfigError("salf.scenario 'deadline' needs a deadline: set strategy.t_max.")
+    if info.model is None:
+        raise ConfigError(f"Strategy '{method}' needs the model in BuildInfo.")
+    if method == "heterofl" and any(True for _ in info.model.buffers()):
+        raise ConfigError(
+            "Strategy 'heterofl' supports models without BatchNorm buffers (mlp, cnn) only."
+        )
+    units = build_units(info.model, info.layers, sc.mode)
+    sizes = info.client_sizes
+    t = cfg.train
+    full = local_sgd_plan(
+        int(min(sizes)), t.batch_size, local_epochs=t.local_epochs, local_steps=t.local_steps
+    )
+    setup = RoundSetup(
+        method=method, mode=sc.mode, scenario=sc.scenario, units=units, num_users=len(sizes),
+        straggler_ratio=cfg.population.straggler_ratio, t_max=cfg.strategy.t_max,
+        full_plan=full, model_bytes=info.model_bytes, heterofl_rate=sc.heterofl_rate,
+    )  # fmt: skip
+    rounds = StragglerRounds(setup)
+    aggregator: Any
+    if method == "heterofl":
+        aggregator = CoverageAggregator()
+    else:
+        aggregator = SalfAggregator(
+            mode=sc.mode, units=units, num_users=len(sizes), p_values=p_values(setup, sc.p_rule)
+        )
+    return Strategy(name=method, planner=rounds, trigger=rounds, aggregator=aggregator)

@@ -1,0 +1,137 @@
+"""``fedclock sweep``: strategies × values of one config field × seeds, one table.
+
+Every (strategy, value, seed) cell is one run under ``OUT/runs/<strategy>/<path>=<value>/seed-<s>``;
+a finished cell whose stored config matches is reused (resumable). The table
+(``table.csv`` / ``table.md``, table contract of :mod:`fedclock.compare`: identifying
+columns ``strategy`` and the swept path, then ``<metric>_mean``/``_std`` over seeds) is
+written with compare's helpers; ``pivot.md`` holds the headline metric as a
+strategy × value grid (SALF's Table II layout) and ``sweep.png`` plots it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedclock.compare import (
+    aggregate_rows,
+    cell_config,
+    entry_dir,
+    parse_strategy,
+    reusable,
+    write_table,
+)
+from fedclock.config import ExperimentConfig, apply_overrides, validate
+from fedclock.errors import ConfigError
+from fedclock.experiment import RunResult, run_experiment
+
+
+def parse_over(text: str) -> tuple[str, list[Any]]:
+    """``"population.straggler_ratio=0.3,0.5"`` → ``("population.straggler_ratio", [0.3, 0.5])``."""
+    path, eq, values = text.partition("=")
+    if not eq or not path.strip() or not values.strip():
+        raise ConfigError(f"--over must look like section.field=v1,v2,..., got '{text}'.")
+    try:
+        vals = [yaml.safe_load(v) for v in values.split(",")]
+    except yaml.YAMLError:
+        raise ConfigError(f"--over '{text}' has a value that is not valid YAML.") from None
+    return path.strip(), vals
+
+
+def with_value(cfg: ExperimentConfig, path: str, value: Any) -> ExperimentConfig:
+    data = cfg.model_dump()
+    text = yaml.safe_dump(value, default_flow_style=True).strip()
+    if text.endswith("..."):
+        text = text[: -len("...")].strip()
+    return validate(apply_overrides(data, [f"{path}={text}"]))
+
+
+def headline_metric(rows: Sequence[dict[str, Any]]) -> str:
+    """The Table II metric: best-validation checkpoint's test accuracy if recorded."""
+    for key in ("val_best_test_accuracy", "final_test_accuracy"):
+        if rows and f"{key}_mean" in rows[0]:
+            return key
+    return "final_test_accuracy"
+
+
+def run_sweep(
+    cfg: ExperimentConfig,
+    path: str,
+    values: Sequence[Any],
+    strategies: Sequence[str],
+    seeds: Sequence[int],
+    out: Path,
+    *,
+    progress_factory: Callable[[str], Callable[[Any], None] | None] = lambda label: None,
+    on_result: Callable[[str, int, RunResult | None], None] = lambda s, seed, r: None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Run the grid; return (table rows, error sentence of a cell that did not complete)."""
+    cells = {v: with_value(cfg, path, v) for v in values}  # fail on a bad path/value early
+    for entry in strategies:
+        cell_config(cells[values[0]], entry, seeds[0])
+    rows: list[dict[str, Any]] = []
+    error = None
+    for entry in strategies:
+        name, _ = parse_strategy(entry)
+        for v in values:
+            summaries = []
+            for seed in seeds:
+                ccfg = cell_config(cells[v], entry, seed)
+                run_dir = out / "runs" / entry_dir(entry) / f"{path}={v}" / f"seed-{seed}"
+                label = f"{entry} {path}={v} seed {seed}"
+                summary = reusable(run_dir, ccfg)
+                if summary is None:
+                    result = run_experiment(ccfg, run_dir=run_dir, progress=progress_factory(label))
+                    on_result(label, seed, result)
+                    summary = result.summary
+                    if summary["status"] != "completed":
+                        error = error or result.error
+                else:
+                    on_result(label, seed, None)
+                summaries.append(summary)
+            rows.append(aggregate_rows(summaries, {"strategy": name, path: v}))
+    if rows:
+        write_table(rows, out, id_cols=["strategy", path])
+        write_pivot(rows, out, path, list(values))
+    return rows, error
+
+
+def write_pivot(rows: Sequence[dict[str, Any]], out: Path, path: str, values: list[Any]) -> None:
+    """pivot.md (strategy × value, mean ± std of the headline metric) and sweep.png."""
+    import matplotlib.pyplot as plt
+
+    metric = headline_metric(rows)
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    lines = [
+        f"{metric} (mean ± std over seeds)",
+        "",
+        "| strategy | " + " | ".join(f"{path}={v}" for v in values) + " |",
+        "|---|" + "---|" * len(values),
+    ]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, s in enumerate(strategies):
+        by_v = {r[path]: r for r in rows if r["strategy"] == s}
+        cells, xs, ys = [], [], []
+        for v in values:
+            r = by_v.get(v)
+            m = r[f"{metric}_mean"] if r else math.nan
+            sd = r[f"{metric}_std"] if r else math.nan
+            n = r["n_seeds"] if r else 0
+            cells.append("—" if m != m else (f"{m:.3f}" if n == 1 else f"{m:.3f} ± {sd:.3f}"))
+            if m == m:
+                xs.append(float(v))
+                ys.append(m)
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+        ax.plot(xs, ys, "o-", color=f"C{i % 10}", label=s)
+    (out / "pivot.md").write_text("\n".join(lines) + "\n")
+    ax.set_xlabel(path)
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "sweep.png", dpi=120)
+    plt.close(fig)

@@ -1,0 +1,272 @@
+"""Partial work: layer-suffix tasks (SALF) and width-sliced submodels (HeteroFL).
+
+:func:`suffix_grads` backpropagates from the loss down to layer ``depth`` only:
+``torch.autograd.grad`` is asked for the parameters of layers depth..L alone,
+and the parameters of the earlier layers do not require gradients during the
+forward pass, so autograd records no backward graph for them and their
+backward is never run (the FLOPs counted by ``torch.utils.flop_counter``
+shrink with the depth; see the tests).
+
+:class:`PartialExecutor` runs the tasks of the SALF family:
+
+- ``paper`` mode: plan.depth d → the suffix gradient of module layers d..L,
+  then one SGD step on those layers only (the others are not sent: Δ = 0);
+- ``reference`` mode (the authors' code): a straggler trains fully and keeps
+  only the last tensors (state-dict entries d..L_e); every other entry,
+  buffers included, is reset to the global value. The momentum buffers of
+  every client persist across rounds (one optimizer per client for the run);
+- plan.width r → a HeteroFL submodel: the first ⌈r·C⌉ channels/neurons of
+  every hidden layer, activations of hidden layers divided by r in training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from fedclock.rng import torch_generator
+from fedclock.sim.types import Contribution, Params, Task
+from fedclock.strategies.salf import Units, width_shapes
+from fedclock.train.executor import ClientData, SerialExecutor, batch_schedule, load_version
+
+
+def suffix_grads(
+    model: nn.Module,
+    suffix: Sequence[str],
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Gradients of the cross-entropy loss for the named parameters only (and the loss).
+
+    Parameters not in ``suffix`` are frozen during the forward pass, so no
+    backward graph is built (or run) below the first suffix layer.
+    """
+    params = dict(model.named_parameters())
+    wanted = set(suffix)
+    saved = {n: p.requires_grad for n, p in params.items()}
+    try:
+        for n, p in params.items():
+            p.requires_grad_(n in wanted)
+        loss = F.cross_entropy(model(x), y)
+        names = [n for n in params if n in wanted]
+        if not names:
+            return {}, loss.detach()
+        grads = torch.autograd.grad(loss, [params[n] for n in names])
+    finally:
+        for n, p in params.items():
+            p.requires_grad_(saved[n])
+    return dict(zip(names, grads, strict=True)), loss.detach()
+
+
+class _Scale:
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+
+    def __call__(self, module: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
+        return output / self.rate
+
+
+class PartialExecutor(SerialExecutor):
+    """Serial execution of full, layer-suffix and width-sliced tasks (see the module doc)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        *,
+        seed: int,
+        lr: float,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        device: torch.device | str = "cpu",
+        mode: str = "paper",
+        units: Units,
+        persistent_momentum: bool = False,
+    ) -> None:
+        super().__init__(
+            model, data, seed=seed, lr=lr, momentum=momentum, weight_decay=weight_decay,
+            device=device,
+        )  # fmt: skip
+        self.mode = mode
+        self.units = units
+        self.persistent_momentum = persistent_momentum
+        self._momentum: dict[int, dict[str, torch.Tensor]] = {}
+        names = [n for n, _ in model.named_parameters()]
+        self._names = names
+        self._hidden = [m for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d)][:-1]
+
+    # ---- SGD with torch.optim.SGD's semantics (dampening 0, no Nesterov), on chosen tensors
+    def _step(
+        self,
+        client: int,
+        params: Mapping[str, torch.Tensor],
+        grads: dict[str, torch.Tensor],
+        views: dict[str, tuple[slice, ...]] | None = None,
+    ) -> None:
+        bufs = self._momentum.setdefault(client, {}) if self.persistent_momentum else {}
+        with torch.no_grad():
+            for n, g in grads.items():
+                p = params[n]
+                if self.weight_decay:
+                    g = g + self.weight_decay * p
+                if self.momentum:
+                    full = bufs.get(n)
+                    sl = views[n] if views is not None else None
+                    if full is None:
+                        shape = self.model.get_parameter(n).shape
+                        full = torch.zeros(shape, device=p.device)
+                        fresh = True
+                        bufs[n] = full
+                    else:
+                        fresh = False
+                    b = full[sl] if sl is not None else full
+                    if fresh:
+                        b.copy_(g)
+                    else:
+                        b.mul_(self.momentum).add_(g)
+                    g = b
+                p.sub_(self.lr * g)
+
+    def run_one(self, task: Task) -> Contribution:
+        plan = task.plan
+        if plan.width is not None:
+            return self._run_width(task)
+        if plan.depth is None and not self.persistent_momentum and self.mode == "paper":
+            return super().run_one(task)
+        model = self.model
+        load_version(model, task.base)
+        model.train()
+        params = dict(model.named_parameters())
+        depth = plan.depth or 1
+        if self.mode == "paper":
+            suffix = [n for n in self._names if self.units.of_param[n] >= depth]
+        else:  # the authors train fully, then keep the last tensors
+            suffix = list(self._names)
+        idx = self.data.indices[task.client]
+        g = torch_generator(self.seed, "batches", task.client, task.base.version)
+        steps = batch_schedule(plan, len(idx), g)
+        if not self.persistent_momentum:
+            self._momentum.pop(task.client, None)
+        total = 0.0
+        for local in steps:
+            rows = idx[local].to(self.device)
+            grads, loss = suffix_grads(model, suffix, self._x[rows], self._y[rows])
+            self._step(task.client, params, grads)
+            total += float(loss)
+        if not self.persistent_momentum:
+            self._momentum.pop(task.client, None)
+        delta: Params = {}
+        for n, p in params.items():
+            keep = self.units.of_param[n] >= depth
+            delta[n] = (p.detach() - task.base.params[n]) if keep else torch.zeros_like(p)
+        buffers: Params = {}
+        for n, b in model.named_buffers():
+            keep = self.units.of_buffer.get(n, self.units.count) >= depth
+            buffers[n] = b.detach().clone() if keep else task.base.buffers[n].clone()
+        return Contribution(
+            task=task, delta=delta, buffers=buffers, num_samples=len(idx),
+            train_loss=total / max(1, len(steps)),
+        )  # fmt: skip
+
+    def _run_width(self, task: Task) -> Contribution:
+        model = self.model
+        rate = float(task.plan.width or 1.0)
+        base = task.base.params
+        shapes = [tuple(base[n].shape) for n in self._names]
+        keep = width_shapes(shapes, rate)
+        views = {n: tuple(slice(0, k) for k in kp) for n, kp in zip(self._names, keep, strict=True)}
+        sub = {
+            n: base[n][views[n]].detach().clone().to(self.device).requires_grad_(True)
+            for n in self._names
+        }
+        load_version(model, task.base)
+        model.train()
+        hooks = [m.register_forward_hook(_Scale(rate)) for m in self._hidden]
+        idx = self.data.indices[task.client]
+        g = torch_generator(self.seed, "batches", task.client, task.base.version)
+        steps = batch_schedule(task.plan, len(idx), g)
+        if not self.persistent_momentum:
+            self._momentum.pop(task.client, None)
+        total = 0.0
+        try:
+            for local in steps:
+                rows = idx[local].to(self.device)
+                out = functional_call(model, sub, (self._x[rows],))
+                loss = F.cross_entropy(out, self._y[rows])
+                grads = torch.autograd.grad(loss, [sub[n] for n in self._names])
+                self._step(task.client, sub, dict(zip(self._names, grads, strict=True)), views)
+                total += float(loss.detach())
+        finally:
+            for h in hooks:
+                h.remove()
+        if not self.persistent_momentum:
+            self._momentum.pop(task.client, None)
+        delta: Params = {}
+        for n in self._names:
+            d = torch.zeros_like(base[n])
+            d[views[n]] = sub[n].detach() - base[n][views[n]]
+            delta[n] = d
+        buffers = {n: b.clone() for n, b in task.base.buffers.items()}
+        return Contribution(
+            task=task, delta=delta, buffers=buffers, num_samples=len(idx),
+            train_loss=total / max(1, len(steps)),
+        )  # fmt: skip
+
+
+def holdout_split(
+    x: torch.Tensor, y: torch.Tensor, n_val: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x_train, y_train, x_val, y_val): a seeded random ``n_val`` samples held out for validation."""
+    if n_val >= len(y):
+        from fedclock.errors import ConfigError
+
+        raise ConfigError(
+            f"salf.val_holdout = {n_val} leaves no training data ({len(y)} training samples)."
+        )
+    g = torch_generator(seed, "val_holdout")
+    perm = torch.randperm(len(y), generator=g)
+    val, train = perm[:n_val], perm[n_val:]
+    return x[train], y[train], x[val], y[val]
+
+
+class BestValidation:
+    """An evaluator that reports test (accuracy, loss) and tracks the test accuracy of the
+    best-validation model (the authors' ``model.best.t7``, evaluated on the test set)."""
+
+    def __init__(self, test: object, val: object) -> None:
+        self.test = test
+        self.val = val
+        self.best_val = -1.0
+        self.best_val_test_accuracy = float("nan")
+        self.last_val_accuracy = float("nan")
+
+    def __call__(self, version: object) -> tuple[float, float]:
+        acc, loss = self.test(version)  # type: ignore[operator]
+        vacc, _ = self.val(version)  # type: ignore[operator]
+        self.last_val_accuracy = float(vacc)
+        if vacc > self.best_val:
+            self.best_val = float(vacc)
+            self.best_val_test_accuracy = float(acc)
+        return acc, loss
+
+
+def authors_normalization(ds: Any) -> Any:
+    """MNIST re-normalised as in the SALF code: (x − 0.5)/0.5 instead of (x − 0.1307)/0.3081."""
+    import dataclasses
+
+    if ds.name != "mnist":
+        from fedclock.errors import ConfigError
+
+        raise ConfigError(
+            f"salf.normalize 'authors' applies to data.name 'mnist' only (got '{ds.name}')."
+        )
+
+    def remap(x: torch.Tensor) -> torch.Tensor:
+        return ((x * 0.3081 + 0.1307) - 0.5) / 0.5
+
+    return dataclasses.replace(ds, x_train=remap(ds.x_train), x_test=remap(ds.x_test))

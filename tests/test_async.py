@@ -1,0 +1,526 @@
+"""The asynchronous family: weights d_i, staleness, eq. 6, triggers, sanity equalities, metrics."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import torch
+
+from fedclock.config import load_config
+from fedclock.devices import TaskCost, build_population
+from fedclock.errors import ConfigError
+from fedclock.experiment import run_experiment
+from fedclock.metrics.recorder import federated_metrics
+from fedclock.sim import Context, Contribution, ModelVersion, Simulator, TaskPlan
+from fedclock.sim.simulator import Budget
+from fedclock.sim.types import Task
+from fedclock.strategies import (
+    STRATEGIES,
+    ArrivalBuffer,
+    FixedPeriod,
+    StepAggregator,
+    Strategy,
+    UpdateTimes,
+    WeightRule,
+)
+from fedclock.strategies.asynchronous import ConstantWeight
+from fedclock.strategies.weights import (
+    Staleness,
+    fedasync_alpha,
+    fedbuff_weights,
+    fedfix_periods,
+    fedfix_weights,
+    fx_update_times,
+    identical_weights,
+    participation_weights,
+    sync_weights,
+    time_based_weights,
+)
+from tests.conftest import tiny_raw
+
+# ------------------------------------------------------------------ d_i (pure math)
+
+
+def test_fx_update_times_match_the_authors_code():
+    assert fx_update_times(5, 80) == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2])
+    assert fx_update_times(4, 0) == pytest.approx([1.0] * 4)
+    assert fx_update_times(1, 80) == pytest.approx([1.0])
+
+
+def test_identical_and_sync_weights():
+    assert identical_weights(3).tolist() == [1.0, 1.0, 1.0]
+    assert sync_weights([0.2, 0.8]).tolist() == [0.2, 0.8]
+
+
+def test_time_based_weights_hand_computed():
+    # Σ 1/τ = 1 + 2 = 3;  d = 3 · τ · p = 3 · [1, 0.5] · 0.5
+    assert time_based_weights([1.0, 0.5], [0.5, 0.5]) == pytest.approx([1.5, 0.75])
+    # F80, M = 20, p = 1/20: the authors' range "about 0.41 to 2.1", ratio 5
+    d = time_based_weights(fx_update_times(20, 80), np.full(20, 1 / 20))
+    assert d.max() == pytest.approx(2.06, abs=0.01)
+    assert d.min() == pytest.approx(0.41, abs=0.01)
+    assert d.max() / d.min() == pytest.approx(5.0)
+    # expected weight per server step (1/τ_i)/Σ(1/τ_j) · d_i is p_i (eq. 36)
+    tau = fx_update_times(20, 80)
+    rate = (1 / tau) / (1 / tau).sum()
+    assert rate * d == pytest.approx(np.full(20, 1 / 20))
+
+
+def test_time_based_equals_identical_times_m_p_with_equal_times():
+    p = np.array([0.2, 0.3, 0.5])
+    assert time_based_weights([2.0, 2.0, 2.0], p) == pytest.approx(identical_weights(3) * 3 * p)
+
+
+def test_fedfix_worked_example_f80_half_period():
+    for m, small, large in ((20, 0.05, 0.1), (50, 0.02, 0.04)):
+        tau = fx_update_times(m, 80)
+        periods = fedfix_periods(tau, 0.5)
+        assert set(periods.tolist()) == {1.0, 2.0}
+        assert ((periods == 2) == (tau > 0.5)).all()
+        d = fedfix_weights(tau, np.full(m, 1 / m), 0.5)
+        assert set(np.round(d, 12).tolist()) == {small, large}
+    # M = 20: τ_i > 0.5 for i ≤ 11 (τ_11 = 0.5368, τ_12 = 0.4947)
+    d20 = fedfix_weights(fx_update_times(20, 80), np.full(20, 1 / 20), 0.5)
+    assert d20[:12] == pytest.approx([0.1] * 12) and d20[12:] == pytest.approx([0.05] * 8)
+
+
+def test_fedfix_ceil_ignores_round_off_and_equals_sync_when_period_covers_everyone():
+    assert fedfix_periods([0.6, 0.3, 0.9], 0.3).tolist() == [2.0, 1.0, 3.0]
+    assert fedfix_periods([1e-6], 0.5).tolist() == [1.0]
+    p = np.array([0.1, 0.9])
+    assert fedfix_weights([0.4, 1.0], p, 1.0).tolist() == sync_weights(p).tolist()
+    with pytest.raises(ValueError):
+        fedfix_weights([1.0], [1.0], 0.0)
+
+
+def test_fedbuff_and_participation_weights():
+    assert fedbuff_weights(4, 2).tolist() == [0.25, 0.25]
+    # rates r = [3/4, 1/4] → d = p / r
+    assert participation_weights([0.5, 0.5], [3, 1], 4) == pytest.approx([2 / 3, 2.0])
+
+
+def test_staleness_functions_hand_computed():
+    assert Staleness("constant")(7) == 1.0
+    assert Staleness("polynomial", a=0.5)(3) == pytest.approx(0.5)  # 4^-0.5
+    hinge = Staleness("hinge", a=1.0, b=2.0)
+    assert hinge(0) == hinge(2) == 1.0
+    assert hinge(4) == pytest.approx(1 / 3)  # 1/(1·(4−2)+1)
+    # FLSim normalisation: s(avg) = 1
+    norm = Staleness("polynomial", a=1.0, normalize_at=1)
+    assert norm(1) == pytest.approx(1.0) and norm(3) == pytest.approx(0.5)
+    assert fedasync_alpha(0.6, 3, Staleness("polynomial", a=0.5)) == pytest.approx(0.3)
+    with pytest.raises(ValueError):
+        Staleness("exponential")
+    with pytest.raises(ValueError):
+        Staleness("polynomial")(-1)
+
+
+# ------------------------------------------------------------------ eq. 6 aggregator
+
+
+def _task(client: int, base: ModelVersion | None) -> Task:
+    from fedclock.devices.cost import TaskTiming
+
+    return Task(0, client, 0, base, None, None, TaskTiming(0, 0, 0), 0.0)  # type: ignore[arg-type]
+
+
+def _contribution(client: int, delta: float, base: ModelVersion | None = None) -> Contribution:
+    return Contribution(
+        task=_task(client, base),
+        delta={"w": torch.tensor([delta])},
+        buffers={},
+        num_samples=10,
+        train_loss=0.0,
+    )
+
+
+def test_step_aggregator_applies_eq6_with_stale_deltas():
+    old = ModelVersion(2, {"w": torch.tensor([0.0])})
+    base = ModelVersion(4, {"w": torch.tensor([1.0])})
+    agg = StepAggregator(ConstantWeight(0.5), server_lr=2.0)
+    cs = [_contribution(0, 2.0, old), _contribution(1, -1.0, base)]
+    new = agg.aggregate(None, base, cs)  # type: ignore[arg-type]
+    # 1 + 2 · (0.5·2 + 0.5·(−1)) = 2 — the stale Δ is added as it is
+    assert new.version == 5 and new.params["w"].item() == pytest.approx(2.0)
+    assert [c.weight for c in cs] == [0.5, 0.5]
+    assert agg.aggregate(None, base, []) is base  # type: ignore[arg-type]
+
+
+def test_step_aggregator_staleness_weight_and_momentum():
+    old = ModelVersion(1, {"w": torch.tensor([0.0])})
+    base = ModelVersion(4, {"w": torch.tensor([0.0])})
+    agg = StepAggregator(ConstantWeight(1.0), staleness=Staleness("polynomial", a=0.5))
+    c = _contribution(0, 2.0, old)
+    new = agg.aggregate(None, base, [c])  # type: ignore[arg-type]
+    assert c.weight == pytest.approx(0.5)  # staleness 3: (1+3)^-0.5
+    assert new.params["w"].item() == pytest.approx(1.0)
+    mom = StepAggregator(ConstantWeight(1.0), server_momentum=0.5)
+    v1 = mom.aggregate(None, base, [_contribution(0, 1.0, base)])  # type: ignore[arg-type]
+    v2 = mom.aggregate(None, v1, [_contribution(0, 1.0, v1)])  # type: ignore[arg-type]
+    assert v1.params["w"].item() == pytest.approx(1.0)
+    assert v2.params["w"].item() == pytest.approx(2.5)  # v = 0.5·1 + 1
+
+
+def test_fedasync_mixing_hand_computed():
+    old = ModelVersion(3, {"w": torch.tensor([0.0])})
+    cur = ModelVersion(5, {"w": torch.tensor([1.0])})
+    # client trained θ_base = 0 into θ_new = 4;  θ ← 0.5·1 + 0.5·4
+    agg = StepAggregator(ConstantWeight(0.5), mix=True)
+    assert agg.aggregate(None, cur, [_contribution(0, 4.0, old)]).params["w"].item() == 2.5  # type: ignore[arg-type]
+    # staleness 2 with (1+x)^-1: α_t = 0.5/3;  1 + (4 − 1)/6
+    agg = StepAggregator(ConstantWeight(0.5), mix=True, staleness=Staleness("polynomial", a=1.0))
+    new = agg.aggregate(None, cur, [_contribution(0, 4.0, old)])  # type: ignore[arg-type]
+    assert new.params["w"].item() == pytest.approx(1.5)
+
+
+class _Ctx:
+    """Just enough of a Context for the weight rules."""
+
+    def __init__(self, participation: dict[int, int], aggregations: int, now: float = 0.0):
+        from fedclock.sim.simulator import Counters
+
+        self.counters = Counters(aggregations=aggregations, participation=participation)
+        self.now = now
+
+
+def test_weight_rules_pick_the_committed_clients():
+    p = np.array([0.25, 0.25, 0.5])
+
+    class Times:
+        def tau(self, now):
+            return np.array([1.0, 0.5, 0.25])
+
+    cs = [_contribution(2, 0.0), _contribution(0, 0.0)]
+    ctx = _Ctx({0: 1, 2: 3}, aggregations=4)
+    rule = lambda kind: WeightRule(kind, importance=p, times=Times(), delta_t=0.4, buffer_size=2)  # type: ignore[arg-type]
+    assert rule("identical")(ctx, cs).tolist() == [1.0, 1.0]  # type: ignore[arg-type]
+    assert rule("sync")(ctx, cs).tolist() == [0.5, 0.25]  # type: ignore[arg-type]
+    # Σ 1/τ = 7: d = 7·τ·p
+    assert rule("time-based")(ctx, cs) == pytest.approx([7 * 0.25 * 0.5, 7 * 1.0 * 0.25])  # type: ignore[arg-type]
+    assert rule("fedfix")(ctx, cs).tolist() == [0.5, 3 * 0.25]  # type: ignore[arg-type]
+    assert rule("fedbuff")(ctx, cs).tolist() == [0.5, 0.5]  # type: ignore[arg-type]
+    # counts include this step: client 2: 4 of 5, client 0: 2 of 5
+    assert rule("participation")(ctx, cs) == pytest.approx([0.5 * 5 / 4, 0.25 * 5 / 2])  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ schedules (paper Fig. 1)
+
+
+class _FixedPlanner:
+    """Client c's task takes ``durations[c]`` virtual seconds (speed 1 FLOP/s, free links)."""
+
+    def __init__(self, durations: Sequence[float]) -> None:
+        self.durations = durations
+
+    def plan(self, ctx: Context, client: int) -> tuple[TaskPlan, TaskCost]:
+        return TaskPlan(1, 1, 1), TaskCost(flops=self.durations[client], bytes_down=0, bytes_up=0)
+
+
+class _NullExecutor:
+    def run(self, tasks):
+        return [
+            Contribution(task=t, delta={}, buffers={}, num_samples=1, train_loss=0.0) for t in tasks
+        ]
+
+
+class _LoggingAggregator(StepAggregator):
+    def __init__(self) -> None:
+        super().__init__(ConstantWeight(1.0))
+        self.log: list[tuple[float, int, list[tuple[int, int]]]] = []
+
+    def aggregate(self, ctx, base, contributions):
+        self.log.append(
+            (ctx.now, base.version, [(c.client, c.base_version) for c in contributions])
+        )
+        return super().aggregate(ctx, base, contributions)
+
+
+def _schedule(durations, trigger_factory, t_end):
+    planner = _FixedPlanner(durations)
+    times = UpdateTimes("profile", planner)  # type: ignore[arg-type]
+    agg = _LoggingAggregator()
+    strategy = Strategy("test", planner, trigger_factory(times), agg)  # type: ignore[arg-type]
+    cfg = load_config(
+        raw={"population": {"speed": 1.0, "up_bandwidth": None, "down_bandwidth": None}}
+    )
+    n = len(durations)
+    sim = Simulator(
+        strategy=strategy, executor=_NullExecutor(), population=build_population(cfg.population, n, 0),
+        initial=ModelVersion(0, {}), client_sizes=np.ones(n, dtype=int), seed=0,
+        budget=Budget(virtual_time=t_end), evaluate=lambda v: (0.0, 0.0), eval_every_aggregations=None,
+    )  # fmt: skip
+    sim.run()
+    return agg.log, sim
+
+
+def test_async_schedule_two_clients_fast_one_twice_as_frequent():
+    # client 0: τ = 1 (fast), client 1: τ = 2; a server step on every arrival
+    log, sim = _schedule([1.0, 2.0], lambda t: ArrivalBuffer(t, buffer_size=1), 4.5)
+    # (time, global version before the step, [(client, base version)])
+    assert log == [
+        (1.0, 0, [(0, 0)]),
+        (2.0, 1, [(1, 0)]),  # ties resolve in dispatch order: client 1 was sent its model first
+        (2.0, 2, [(0, 1)]),
+        (3.0, 3, [(0, 3)]),
+        (4.0, 4, [(1, 2)]),
+        (4.0, 5, [(0, 4)]),
+    ]
+    # staleness n − ρ_i(n): 0, 1, 1, 0, 2, 1
+    assert sim.counters.staleness == {0: 2, 1: 3, 2: 1}
+    assert sim.counters.participation == {0: 4, 1: 2}
+
+
+def test_fedfix_schedule_matches_fig1():
+    # Δt = 1: client 0 (τ = 1) contributes every tick, client 1 (τ = 2) every second tick
+    log, sim = _schedule([1.0, 2.0], lambda t: FixedPeriod(t, delta_t=1.0), 4.5)
+    assert log == [
+        (1.0, 0, [(0, 0)]),
+        (2.0, 1, [(0, 1), (1, 0)]),
+        (3.0, 2, [(0, 2)]),
+        (4.0, 3, [(0, 3), (1, 2)]),
+    ]
+    assert sim.counters.staleness == {0: 4, 1: 2}
+
+
+def test_fedfix_client_waits_idle_for_the_next_tick():
+    # τ = 1.5 with Δt = 1: arrives at 1.5, waits, restarts at 2, arrives 3.5, contributes at 4
+    log, _ = _schedule([0.5, 1.5], lambda t: FixedPeriod(t, delta_t=1.0), 4.5)
+    assert [(t, [c for c, _ in cs]) for t, _, cs in log] == [
+        (1.0, [0]),
+        (2.0, [0, 1]),
+        (3.0, [0]),
+        (4.0, [0, 1]),
+    ]
+    assert fedfix_periods([0.5, 1.5], 1.0).tolist() == [1.0, 2.0]
+
+
+def test_fedbuff_contributors_restart_and_others_keep_working():
+    log, _ = _schedule([1.0, 2.0, 3.0], lambda t: ArrivalBuffer(t, buffer_size=2), 3.5)
+    assert log == [
+        (2.0, 0, [(0, 0), (1, 0)]),  # client 0 waited from t = 1 in the buffer
+        (3.0, 1, [(0, 1), (2, 0)]),  # client 2 kept working on version 0
+    ]
+
+
+def test_estimated_update_times_converge_to_the_observed_ones():
+    planner = _FixedPlanner([1.0, 2.0])
+    times = UpdateTimes("estimated", planner)  # type: ignore[arg-type]
+
+    class C:
+        num_clients = 2
+
+    times.setup(C())  # type: ignore[arg-type]
+    # nobody heard yet: the elapsed time is the best lower bound
+    assert times.tau(0.5).tolist() == [0.5, 0.5]
+    assert times.tau(0.0).tolist() == [1.0, 1.0]  # nothing known at all: equal times
+    t0 = _task(0, None)
+    times.observe(t0, 1.0)
+    assert times.tau(1.5).tolist() == [1.0, 1.5]  # client 1: at least 1.5 s so far
+    t1 = _task(1, None)
+    times.observe(t1, 2.0)
+    assert times.tau(5.0).tolist() == [1.0, 2.0]
+
+
+# ------------------------------------------------------------------ sanity equalities end to end
+
+
+def _metrics(path, drop=("wall_time",)):
+    lines = (path / "metrics.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    keep = [i for i, h in enumerate(header) if h not in drop]
+    return [[line.split(",")[i] for i in keep] for line in lines]
+
+
+def test_fedfix_with_period_beyond_every_update_time_is_fedavg(tmp_path):
+    run_experiment(load_config(raw=tiny_raw()), run_dir=tmp_path / "avg")
+    fix = run_experiment(
+        load_config(raw=tiny_raw(strategy={"name": "fedfix", "delta_t": 1.0e6})),
+        run_dir=tmp_path / "fix",
+    )
+    drop = ("wall_time", "virtual_time")  # the ticks come later than the barrier
+    assert _metrics(tmp_path / "avg", drop) == _metrics(tmp_path / "fix", drop)
+    assert fix.summary["aggregations"] == 4 and fix.summary["max_staleness"] == 0
+
+
+def test_fedfix_with_period_equal_to_the_slowest_update_is_fedavg_exactly(tmp_path):
+    no_noise = {"slowdown": {"kind": "none"}}
+    raw = tiny_raw()
+    raw["population"] = {**raw["population"], **no_noise}
+    avg = run_experiment(load_config(raw=raw), run_dir=tmp_path / "avg")
+    slowest = avg.history[1]["virtual_time"]  # first barrier = max_i τ_i
+    raw_fix = tiny_raw(strategy={"name": "fedfix", "delta_t": slowest})
+    raw_fix["population"] = raw["population"]
+    run_experiment(load_config(raw=raw_fix), run_dir=tmp_path / "fix")
+    assert _metrics(tmp_path / "avg") == _metrics(tmp_path / "fix")
+
+
+def test_fedbuff_with_buffer_of_all_clients_is_fedavg(tmp_path):
+    # equal τ (homogeneous devices, no noise) and uniform p = 1/m
+    pop = {"scenario": "homogeneous", "speed": 1.0e6, "slowdown": {"kind": "none"}}
+    raw_avg = tiny_raw(strategy={"name": "fedavg", "weights": "uniform"})
+    raw_avg["population"] = pop
+    raw_buff = tiny_raw(strategy={"name": "fedbuff", "buffer_size": 6})
+    raw_buff["population"] = pop
+    run_experiment(load_config(raw=raw_avg), run_dir=tmp_path / "avg")
+    run_experiment(load_config(raw=raw_buff), run_dir=tmp_path / "buff")
+    assert _metrics(tmp_path / "avg") == _metrics(tmp_path / "buff")
+
+
+def test_async_strategies_run_deterministically_and_count_staleness(tmp_path):
+    for name in ("async-identical", "async-time-based", "fedasync"):
+        raw = tiny_raw(
+            strategy={"name": name, "tau_source": "estimated"}, budget={"aggregations": 12}
+        )
+        a = run_experiment(load_config(raw=raw), run_dir=tmp_path / name / "a")
+        b = run_experiment(load_config(raw=raw), run_dir=tmp_path / name / "b")
+        assert a.summary["status"] == "completed"
+        assert _metrics(a.run_dir) == _metrics(b.run_dir)
+        assert a.summary["aggregations"] == a.summary["updates_used"] == 12
+        assert a.summary["max_staleness"] >= 1  # six clients in flight
+        hist = a.summary["staleness_histogram"]
+        assert sum(hist.values()) == 12
+
+
+def test_async_config_errors_are_one_sentence(tmp_path):
+    cases = [
+        ({"name": "fedfix"}, "strategy.delta_t"),
+        ({"name": "fedbuff"}, "strategy.buffer_size"),
+        ({"name": "fedbuff", "buffer_size": 7}, "exceeds the 6 clients"),
+        ({"name": "async-identical", "client_fraction": 0.5}, "client_fraction"),
+        ({"name": "fedasync", "aggregation_weights": "sync"}, "aggregation_weights"),
+        ({"name": "fedavg", "aggregation_weights": "identical"}, "aggregation_weights"),
+        ({"name": "async-identical", "aggregation_weights": "fedfix"}, "needs strategy.delta_t"),
+    ]
+    for strategy, expected in cases:
+        with pytest.raises(ConfigError) as info:
+            run_experiment(load_config(raw=tiny_raw(strategy=strategy)), run_dir=tmp_path / "x")
+        msg = str(info.value)
+        assert expected in msg and msg.endswith(".") and "\n" not in msg
+    with pytest.raises(ConfigError, match=r"strategy\.staleness"):
+        load_config(raw={"strategy": {"staleness": "exponential"}})
+
+
+def test_registry_lists_the_family():
+    for name in ("fedavg", "async-identical", "async-time-based", "fedfix", "fedbuff", "fedasync"):
+        assert name in STRATEGIES
+
+
+# ------------------------------------------------------------------ metrics
+
+
+def test_federated_metrics_hand_computed():
+    m = federated_metrics(
+        np.array([1.0, 3.0]),
+        np.array([0.5, 0.5]),
+        weight_received=np.array([3.0, 1.0]),
+        participations=np.array([1.0, 1.0]),
+    )
+    assert m["federated_loss"] == 2.0  # eq. 2
+    assert m["surrogate_loss"] == 1.5  # eq. 10 with q̃ = [0.75, 0.25]
+    assert m["participation_loss"] == 2.0
+    assert m["client_loss_std"] == 1.0
+    # before any aggregation q̃ = p
+    m0 = federated_metrics(
+        np.array([1.0, 3.0]),
+        np.array([0.25, 0.75]),
+        weight_received=np.zeros(2),
+        participations=np.zeros(2),
+    )
+    assert m0["surrogate_loss"] == m0["federated_loss"] == 2.5
+
+
+def test_client_losses_are_recorded_and_weights_received_measured(tmp_path):
+    raw = tiny_raw(
+        strategy={"name": "async-identical"},
+        budget={"aggregations": 18},
+        eval={"every_aggregations": 6, "client_losses": True},
+    )
+    res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "r")
+    header = (res.run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
+    for col in ("test_accuracy", "federated_loss", "surrogate_loss", "client_loss_std"):
+        assert col in header
+    s = json.loads((res.run_dir / "summary.json").read_text())
+    assert s["federated_loss"] > 0 and s["surrogate_loss"] > 0 and s["client_loss_std"] >= 0
+    rows = list(csv.DictReader((res.run_dir / "clients.csv").open()))
+    assert len(rows) == 6
+    parts = [int(r["participations"]) for r in rows]
+    assert sum(parts) == 18
+    # identical weights: each update got weight 1, so q̃ is the participation share
+    for r in rows:
+        assert float(r["weight_received"]) == int(r["participations"])
+        assert float(r["q_share"]) == pytest.approx(int(r["participations"]) / 18)
+    # the fast class (speed 2e6) participates more than the slow one
+    assert max(parts) > min(parts)
+    # federated loss = p-weighted client losses; p ∝ n_i, so the mean loss over all samples
+    losses = np.array([float(r["final_train_loss"]) for r in rows])
+    n = np.array([int(r["num_samples"]) for r in rows])
+    assert s["federated_loss"] == pytest.approx(float((n * losses).sum() / n.sum()))
+
+
+def test_sync_fedavg_surrogate_equals_federated(tmp_path):
+    raw = tiny_raw(
+        budget={"aggregations": 2}, eval={"every_aggregations": 1, "client_losses": True}
+    )
+    res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "r")
+    last = res.history[-1]
+    assert last["surrogate_loss"] == pytest.approx(last["federated_loss"])
+    assert res.summary["max_staleness"] == 0
+    assert math.isfinite(res.summary["client_loss_std"])
+
+
+# ------------------------------------------------------------------ compare: variants and lr grid
+
+
+def test_compare_lr_grid_picks_the_best_rate_and_sweeps_strategy_fields(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from fedclock.cli import app
+
+    raw = tiny_raw(
+        budget={"aggregations": 3}, eval={"every_aggregations": 1, "client_losses": True}
+    )
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "cmp"
+    args = ["compare", str(cfg), "--strategies", "fedavg,fedfix:delta_t=2.0", "--seeds", "1"]
+    args += ["--lr-grid", "0.05,1e6", "--out", str(out), "-q"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader((out / "table.csv").open()))
+    header = list(rows[0])
+    assert header[:3] == ["strategy", "delta_t", "lr"] and header[-1] == "n_seeds"
+    assert [(r["strategy"], r["delta_t"], r["lr"]) for r in rows] == [
+        ("fedavg", "", "0.05"),
+        ("fedfix", "2.0", "0.05"),
+    ]
+    for metric in ("federated_loss", "surrogate_loss", "client_loss_std", "final_test_accuracy"):
+        assert f"{metric}_mean" in header
+    grid = list(csv.DictReader((out / "lr_grid.csv").open()))
+    assert len(grid) == 4
+    assert {(g["lr"], g["status"], g["selected"]) for g in grid} == {
+        ("0.05", "completed", "1"),
+        ("1000000.0", "diverged", "0"),
+    }
+    assert (out / "runs" / "fedfix-delta_t=2.0" / "lr-0.05" / "seed-1" / "metrics.csv").is_file()
+    for png in ("accuracy.png", "losses.png", "lr_grid.png"):
+        assert (out / png).stat().st_size > 1000
+    # the diverged cells are reused, not re-run
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and again.output.count("reused finished run") == 4
+
+
+def test_compare_rejects_a_malformed_strategy_entry(tmp_path):
+    from fedclock.compare import parse_strategy
+
+    assert parse_strategy("fedbuff:buffer_size=5:staleness=polynomial") == (
+        "fedbuff",
+        {"buffer_size": 5, "staleness": "polynomial"},
+    )
+    with pytest.raises(ConfigError, match="name:field=value"):
+        parse_strategy("fedfix:delta_t")

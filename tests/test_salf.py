@@ -1,0 +1,269 @@
+"""SALF: eq. 9/10 math, layer-suffix execution, the five strategies end to end."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from fedclock.config import load_config
+from fedclock.experiment import run_experiment
+from fedclock.models import build_model, layer_view
+from fedclock.strategies.salf import (
+    build_units,
+    coverage_update,
+    deadline_depth,
+    divide_by_u_update,
+    p_eq10,
+    p_exact_ratio,
+    prefix_mask,
+    salf_layer_update,
+    update_sets,
+    width_shapes,
+)
+from fedclock.train.partial import suffix_grads
+
+
+# ------------------------------------------------------------------ eq. 8–10
+def test_update_sets_nested() -> None:
+    sets = update_sets([1, 3, 2, 4], num_layers=3)  # user 3 (d = 4 = L+1) computed nothing
+    assert sets == [[0], [0, 2], [0, 1, 2]]
+
+
+def test_eq9_hand_computed() -> None:
+    w = torch.tensor([1.0, 2.0])
+    locals_ = [torch.tensor([0.0, 2.0]), torch.tensor([2.0, 4.0])]  # w_{u,t}^l
+    p = 0.2
+    # (1/(1−p))·(mean(w_u) − p·w) = 1.25·([1, 3] − [0.2, 0.4]) = [1.0, 3.25]
+    out = salf_layer_update(w, [x - w for x in locals_], p)
+    assert torch.allclose(out, torch.tensor([1.0, 3.25]))
+    assert torch.equal(salf_layer_update(w, [], p), w)  # U^l empty: w unchanged
+
+
+def test_divide_by_u_hand_computed() -> None:
+    w = torch.tensor([1.0])
+    out = divide_by_u_update(w, [torch.tensor([0.3]), torch.tensor([0.6])], num_users=3)
+    assert torch.allclose(out, torch.tensor([1.3]))
+
+
+def test_p_exact_equals_eq10_under_as4() -> None:
+    for L in (3, 6, 8):
+        for U in (1, 5, 30):
+            for layer in range(1, L + 1):
+                # AS4: every user's depth uniform on {1..L+1} ⇔ all U users "straggle"
+                assert p_exact_ratio(layer, L, U, U) == pytest.approx(p_eq10(layer, L, U))
+    assert p_eq10(1, 6, 30) == pytest.approx(0.0098, abs=1e-4)  # the spec's example
+    assert p_exact_ratio(1, 6, 30, 27) == 0.0  # a non-straggler always computes everything
+
+
+def test_p_exact_monte_carlo() -> None:
+    rng = np.random.default_rng(0)
+    L, U = 4, 3
+    d = rng.integers(1, L + 2, size=(200_000, U))
+    for layer in range(1, L + 1):
+        emp = float(np.mean((d > layer).all(axis=1)))
+        assert emp == pytest.approx(p_exact_ratio(layer, L, U, U), abs=4e-3)
+
+
+@pytest.mark.parametrize("stragglers", [4, 2])  # AS4 (all), and a straggler ratio of 0.5
+def test_paper_salf_update_is_unbiased(stragglers: int) -> None:
+    """E[w̃^l] over depth draws equals the FedAvg update w + mean_u Δ_u (paper mode)."""
+    rng = np.random.default_rng(1)
+    L, U, draws = 3, 4, 40_000
+    w = rng.normal(size=L)
+    deltas = rng.normal(size=(U, L))  # Δ_u^l (one scalar per layer)
+    p = [p_exact_ratio(layer, L, U, stragglers) for layer in range(1, L + 1)]
+    acc = np.zeros(L)
+    for _ in range(draws):
+        d = np.ones(U, dtype=int)
+        who = rng.choice(U, size=stragglers, replace=False)
+        d[who] = rng.integers(1, L + 2, size=stragglers)
+        for layer in range(1, L + 1):
+            held = [torch.tensor(deltas[u, layer - 1]) for u in range(U) if d[u] <= layer]
+            acc[layer - 1] += float(
+                salf_layer_update(torch.tensor(w[layer - 1]), held, p[layer - 1])
+            )
+    assert np.allclose(acc / draws, w + deltas.mean(axis=0), atol=0.03)
+
+
+def test_deadline_depth() -> None:
+    # fwd 1 s, backward of layers 1..3 = 1, 2, 3 s (output side last)
+    assert deadline_depth(10.0, 1.0, [1, 2, 3]) == 1  # 1+3+2+1 = 7 ≤ 10
+    assert deadline_depth(6.0, 1.0, [1, 2, 3]) == 2  # 1+3+2 = 6
+    assert deadline_depth(4.0, 1.0, [1, 2, 3]) == 3
+    assert deadline_depth(3.0, 1.0, [1, 2, 3]) == 4  # not even the output layer
+    assert deadline_depth(0.5, 1.0, [1, 2, 3]) == 4
+
+
+# ------------------------------------------------------------------ HeteroFL slicing
+def test_width_shapes_cnn() -> None:
+    m = build_model("cnn", input_shape=(1, 28, 28), num_classes=10, channels=[6, 6],
+                    kernel_size=5, fc_hidden=50, padding="valid", seed=0)  # fmt: skip
+    shapes = [tuple(p.shape) for p in m.parameters()]
+    keep = width_shapes(shapes, 0.5)
+    # the spec: conv1 1→3, conv2 3→3, fc1 48→25, fc2 25→10
+    assert keep == [(3, 1, 5, 5), (3,), (3, 3, 5, 5), (3,), (25, 48), (25,), (10, 25), (10,)]
+
+
+def test_coverage_update() -> None:
+    w = torch.zeros(3)
+    deltas = [torch.tensor([1.0, 1.0, 1.0]), torch.tensor([3.0, 0.0, 0.0])]
+    masks = [torch.tensor([True, True, False]), prefix_mask((3,), (1,))]
+    out = coverage_update(w, deltas, masks)
+    assert torch.allclose(out, torch.tensor([2.0, 1.0, 0.0]))
+
+
+# ------------------------------------------------------------------ layer-suffix tasks
+def _mlp() -> nn.Module:
+    return build_model("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=[32, 16], seed=0)
+
+
+def test_suffix_grads_equal_full_backprop() -> None:
+    model = _mlp()
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    full, _ = suffix_grads(model, [n for n, _ in model.named_parameters()], x, y)
+    layers = layer_view(model, (1, 28, 28))
+    for d in range(1, len(layers) + 1):
+        names = [n for lay in layers[d - 1 :] for n in lay.param_names]
+        part, _ = suffix_grads(model, names, x, y)
+        assert set(part) == set(names)
+        for n in names:
+            assert torch.allclose(part[n], full[n], atol=1e-6)
+
+
+def test_depth_task_flops_shrink() -> None:
+    model = build_model("cnn", input_shape=(1, 28, 28), num_classes=10, channels=[6, 6],
+                        kernel_size=5, fc_hidden=50, padding="valid", seed=0)  # fmt: skip
+    layers = layer_view(model, (1, 28, 28))
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+    flops = []
+    for d in range(1, len(layers) + 1):
+        names = [n for lay in layers[d - 1 :] for n in lay.param_names]
+        with FlopCounterMode(display=False) as fc:
+            suffix_grads(model, names, x, y)
+        flops.append(fc.get_total_flops())
+    assert all(a > b for a, b in itertools.pairwise(flops))
+    # the planner's cost model charges the same: forward + backward of layers d..L
+    units = build_units(model, layers, "paper")
+    fwd = sum(lay.fwd_flops for lay in layers) * 16
+    for d, f in enumerate(flops, start=1):
+        assert f == pytest.approx(fwd + 16 * units.suffix_bwd(d))
+
+
+def test_units_reference_mode_counts_tensors() -> None:
+    model = _mlp()
+    units = build_units(model, layer_view(model, (1, 28, 28)), "reference")
+    assert units.count == 6
+    assert max(units.of_param.values()) == 6
+    assert units.of_param[next(iter(units.of_param))] == 1
+
+
+# ------------------------------------------------------------------ end to end
+def _cfg(**over: object):
+    sets = [
+        "data.name=digits", "partition.num_clients=8", "model.arch=mlp", "model.hidden=[16]",
+        "train.local_steps=1", "train.local_epochs=null", "train.batch_size=16", "train.lr=0.1",
+        "budget.aggregations=6", "salf.scenario=ratio", "population.straggler_ratio=0.5",
+        "executor.threads=1",
+    ]  # fmt: skip
+    sets += [f"{k}={v}" for k, v in over.items()]
+    return load_config(None, sets)
+
+
+@pytest.mark.parametrize("mode", ["paper", "reference"])
+@pytest.mark.parametrize("method", ["vanilla", "drop-stragglers", "salf", "heterofl", "asyncfl"])
+def test_methods_run(tmp_path, mode: str, method: str) -> None:
+    cfg = _cfg(**{"strategy.name": method, "salf.mode": mode, "output_dir": str(tmp_path)})
+    res = run_experiment(cfg, run_dir=tmp_path / "run")
+    assert res.summary["status"] == "completed"
+    assert res.summary["aggregations"] == 6
+
+
+def test_vanilla_ignores_stragglers_and_salf_equals_vanilla_without_them(tmp_path) -> None:
+    a = run_experiment(_cfg(**{"strategy.name": "vanilla"}), run_dir=tmp_path / "a")
+    b = run_experiment(
+        _cfg(**{"strategy.name": "salf", "population.straggler_ratio": 0.0}),
+        run_dir=tmp_path / "b",
+    )
+    assert a.history[-1]["test_accuracy"] == b.history[-1]["test_accuracy"]
+
+
+def test_reference_mode_holdout_reports_best_val(tmp_path) -> None:
+    cfg = _cfg(**{"strategy.name": "salf", "salf.mode": "reference", "salf.val_holdout": 300,
+                  "train.momentum": 0.5})  # fmt: skip
+    res = run_experiment(cfg, run_dir=tmp_path / "r")
+    assert 0.0 <= res.summary["val_best_test_accuracy"] <= 1.0
+
+
+def test_deadline_scenario_depths_shrink_with_t_max(tmp_path) -> None:
+    accs = {}
+    for t_max in (1e6, 1e-9):
+        cfg = _cfg(**{"strategy.name": "salf", "salf.scenario": "deadline",
+                      "strategy.t_max": t_max, "population.up_bandwidth": "null",
+                      "population.down_bandwidth": "null"})  # fmt: skip
+        res = run_experiment(cfg, run_dir=tmp_path / f"d{t_max}")
+        accs[t_max] = res.history[-1]["test_accuracy"]
+    # nothing fits in 1e-9 s: the model never moves
+    assert accs[1e-9] == res.history[0]["test_accuracy"]
+
+
+def test_sweep_table_and_resume(tmp_path) -> None:
+    from fedclock.sweep import parse_over, run_sweep
+
+    cfg = _cfg(**{"budget.aggregations": 3})
+    path, values = parse_over("population.straggler_ratio=0.5,0.9")
+    out = tmp_path / "sweep"
+    rows, err = run_sweep(cfg, path, values, ["salf", "drop-stragglers"], [1], out)
+    assert err is None
+    assert [(r["strategy"], r[path]) for r in rows] == [
+        ("salf", 0.5), ("salf", 0.9), ("drop-stragglers", 0.5), ("drop-stragglers", 0.9)
+    ]  # fmt: skip
+    header = (out / "table.csv").read_text().splitlines()[0].split(",")
+    assert header[:2] == ["strategy", path]
+    assert (out / "pivot.md").exists() and (out / "sweep.png").exists()
+    reran: list[object] = []
+    run_sweep(cfg, path, values, ["salf", "drop-stragglers"], [1], out,
+              on_result=lambda s, seed, r: reran.append(r))  # fmt: skip
+    assert reran == [None] * 4  # every finished cell reused
+
+
+def test_authors_normalization_needs_mnist(tmp_path) -> None:
+    from fedclock.errors import ConfigError
+
+    cfg = _cfg(**{"strategy.name": "salf", "salf.normalize": "authors"})
+    with pytest.raises(ConfigError, match="'mnist' only"):
+        run_experiment(cfg, run_dir=tmp_path / "n")
+
+
+def test_salf_family_needs_a_scenario(tmp_path) -> None:
+    from fedclock.errors import ConfigError
+
+    cfg = _cfg(**{"strategy.name": "salf", "salf.scenario": "null"})
+    with pytest.raises(ConfigError, match=r"salf\.scenario"):
+        run_experiment(cfg, run_dir=tmp_path / "s")
+
+
+def test_heterofl_full_width_equals_vanilla(tmp_path) -> None:
+    a = run_experiment(_cfg(**{"strategy.name": "vanilla"}), run_dir=tmp_path / "a")
+    b = run_experiment(
+        _cfg(**{"strategy.name": "heterofl", "salf.heterofl_rate": 1.0}), run_dir=tmp_path / "b"
+    )
+    for ra, rb in zip(a.history, b.history, strict=True):
+        assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=1e-5)
+
+
+def test_asyncfl_stragglers_participate_less(tmp_path) -> None:
+    import csv
+
+    cfg = _cfg(**{"strategy.name": "asyncfl", "salf.mode": "reference",
+                  "budget.aggregations": 12})  # fmt: skip
+    res = run_experiment(cfg, run_dir=tmp_path / "a")
+    with (res.run_dir / "clients.csv").open() as fh:
+        parts = sorted(int(r["participations"]) for r in csv.DictReader(fh))
+    # 4 of 8 users are fixed stragglers: they deliver once per 2l ≥ 2 rounds
+    assert parts[-4:] == [12] * 4
+    assert all(p <= 6 for p in parts[:4])

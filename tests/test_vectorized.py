@@ -1,0 +1,313 @@
+"""VectorizedExecutor: same contributions as SerialExecutor (float tolerance), fallbacks, blocks."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from fedclock.config import load_config
+from fedclock.devices.cost import TaskCost, TaskTiming
+from fedclock.experiment import run_experiment
+from fedclock.models import build_model
+from fedclock.sim.types import Contribution, ModelVersion, Task
+from fedclock.strategies import local_sgd_plan
+from fedclock.train.executor import ClientData, SerialExecutor, make_executor, snapshot
+from fedclock.train.vectorized import (
+    VectorizedExecutor,
+    auto_max_batch_clients,
+    unsupported_model_reason,
+)
+from tests.conftest import tiny_raw
+
+ATOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors: one intra-op thread is faster, and immune to a busy machine's scheduling."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _data(sizes: list[int], shape: tuple[int, ...], seed: int = 0) -> ClientData:
+    g = torch.Generator().manual_seed(seed)
+    n = sum(sizes)
+    x = torch.randn(n, *shape, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    perm = np.random.default_rng(seed).permutation(n)
+    parts = np.split(perm, np.cumsum(sizes)[:-1])
+    return ClientData.from_partition(x, y, parts)
+
+
+def _tasks(
+    base: ModelVersion,
+    sizes: list[int],
+    batch: int,
+    *,
+    epochs: float | None = None,
+    steps: int | None = None,
+    first_id: int = 0,
+) -> list[Task]:
+    out = []
+    for c, n in enumerate(sizes):
+        plan = local_sgd_plan(n, batch, local_epochs=epochs, local_steps=steps)
+        out.append(
+            Task(first_id + c, c, 0, base, plan, TaskCost(1.0, 1, 1), TaskTiming(0, 1, 0), 0.0)
+        )
+    return out
+
+
+def _assert_same(
+    a: list[Contribution], b: list[Contribution], atol: float = ATOL, *, same_tasks: bool = True
+) -> None:
+    assert len(a) == len(b)
+    for ca, cb in zip(a, b, strict=True):
+        assert ca.task is cb.task or (not same_tasks and ca.task.task_id == cb.task.task_id)
+        assert ca.num_samples == cb.num_samples
+        assert ca.delta.keys() == cb.delta.keys()
+        for k in ca.delta:
+            torch.testing.assert_close(ca.delta[k], cb.delta[k], atol=atol, rtol=1e-4)
+        assert ca.train_loss == pytest.approx(cb.train_loss, abs=atol, rel=1e-5)
+
+
+@dataclass(frozen=True)
+class Case:
+    arch: str
+    shape: tuple[int, ...]
+    sizes: tuple[int, ...]
+    batch: int
+    epochs: float | None = 1.0
+    steps: int | None = None
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    block: int | None = None
+    kw: tuple[tuple[str, object], ...] = ()
+
+
+CASES = {
+    "mlp-unequal-fractional": Case(
+        "mlp", (1, 8, 8), (30, 25, 17, 40, 9, 33), 10, epochs=1.5, kw=(("hidden", [16]),)
+    ),
+    "mlp-momentum-wd": Case(
+        "mlp",
+        (1, 8, 8),
+        (30, 30, 30),
+        10,
+        epochs=2.0,
+        momentum=0.9,
+        weight_decay=1e-3,
+        kw=(("hidden", [16, 8]),),
+    ),
+    "logreg-momentum-partial": Case("logreg", (20,), (23, 50, 7, 12), 8, epochs=0.7, momentum=0.5),
+    "cnn-blocks-of-2": Case(
+        "cnn",
+        (1, 8, 8),
+        (20, 13, 27, 20, 6),
+        6,
+        block=2,
+        kw=(("channels", [4, 8]), ("fc_hidden", 16), ("kernel_size", 3)),
+    ),
+    "mlp-local-steps-wraps-epochs": Case(
+        "mlp",
+        (1, 8, 8),
+        (12, 25, 7),
+        5,
+        epochs=None,
+        steps=6,
+        weight_decay=1e-2,
+        kw=(("hidden", [16]),),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_vectorized_matches_serial(name: str) -> None:
+    case = CASES[name]
+    kw = dict(case.kw)
+    data = _data(list(case.sizes), case.shape)
+
+    def model() -> nn.Module:
+        return build_model(case.arch, input_shape=case.shape, num_classes=10, seed=1, **kw)  # type: ignore[arg-type]
+
+    base = snapshot(model(), 3)
+    tasks = _tasks(base, list(case.sizes), case.batch, epochs=case.epochs, steps=case.steps)
+    opts = dict(seed=5, lr=0.05, momentum=case.momentum, weight_decay=case.weight_decay)
+    serial = SerialExecutor(model(), data, **opts).run(tasks)  # type: ignore[arg-type]
+    vec = VectorizedExecutor(model(), data, max_batch_clients=case.block, **opts)  # type: ignore[arg-type]
+    _assert_same(serial, vec.run(tasks))
+    assert all(torch.equal(p, base.params[k]) for k, p in snapshot(model(), 3).params.items())
+
+
+def test_groups_by_base_version_and_keeps_task_order() -> None:
+    sizes = [20, 11, 30, 16]
+    data = _data(sizes, (1, 8, 8))
+    m = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[8], seed=2)
+    v0 = snapshot(m, 0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1)
+    v1 = snapshot(m, 1)
+    a = _tasks(v0, sizes, 8, epochs=1.0)
+    b = _tasks(v1, sizes, 4, epochs=1.0, first_id=10)
+    mixed = [a[0], b[1], a[2], b[3], a[1], b[0], a[3], b[2]]
+    serial = SerialExecutor(m, data, seed=1, lr=0.1).run(mixed)
+    vec = VectorizedExecutor(m, data, seed=1, lr=0.1, max_batch_clients=3).run(mixed)
+    _assert_same(serial, vec)
+
+
+def test_contribution_does_not_depend_on_block_or_neighbours() -> None:
+    sizes = [20, 11, 30, 16, 25]
+    data = _data(sizes, (1, 8, 8))
+    m = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[8], seed=2)
+    tasks = _tasks(snapshot(m, 0), sizes, 8, epochs=1.0)
+    whole = VectorizedExecutor(m, data, seed=1, lr=0.1).run(tasks)
+    for min_block in (1, 2):  # a lone task: vmap over one client, or the serial path
+        ex = VectorizedExecutor(m, data, seed=1, lr=0.1, min_block=min_block)
+        alone = [ex.run([t])[0] for t in reversed(tasks)]
+        _assert_same(whole, alone[::-1])
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+    batch=st.integers(1, 12),
+    epochs=st.sampled_from([0.3, 1.0, 1.7, 3.0]),
+    block=st.integers(1, 4),
+    momentum=st.sampled_from([0.0, 0.9]),
+)
+def test_logreg_property(
+    sizes: list[int], batch: int, epochs: float, block: int, momentum: float
+) -> None:
+    data = _data(sizes, (6,), seed=len(sizes))
+    m = build_model("logreg", input_shape=(6,), num_classes=10, seed=0)
+    tasks = _tasks(snapshot(m, 0), sizes, batch, epochs=epochs)
+    serial = SerialExecutor(m, data, seed=2, lr=0.1, momentum=momentum).run(tasks)
+    vec = VectorizedExecutor(m, data, seed=2, lr=0.1, momentum=momentum, max_batch_clients=block)
+    _assert_same(serial, vec.run(tasks))
+
+
+# ------------------------------------------------------------------ fallbacks
+
+
+class _WithBatchNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _OtherPlan:
+    local_steps: int
+    batch_size: int
+    samples: int
+    depth: int
+
+
+def test_batchnorm_model_falls_back_to_serial(caplog: pytest.LogCaptureFixture) -> None:
+    assert unsupported_model_reason(_WithBatchNorm()) is not None
+    assert unsupported_model_reason(nn.Sequential(nn.Linear(2, 2), nn.Dropout())) is not None
+    assert unsupported_model_reason(nn.Sequential(nn.Linear(2, 2))) is None
+    lstm = build_model("lstm", input_shape=(5,), num_classes=7, lstm_hidden=4, seed=0)
+    assert unsupported_model_reason(lstm) is not None  # nn.LSTM: wrong gradients under vmap
+    for arch in ("mlp", "cnn", "logreg"):
+        shape = (1, 8, 8)
+        assert unsupported_model_reason(build_model(arch, input_shape=shape, num_classes=3)) is None
+    train = load_config().train
+    with caplog.at_level(logging.INFO, logger="fedclock"):
+        ex = make_executor(
+            "auto", _WithBatchNorm(), _data([8], (6,)), seed=0, train=train, device="cpu"
+        )
+    assert isinstance(ex, SerialExecutor)
+    assert sum("buffers" in r.getMessage() for r in caplog.records) == 1
+    vec = make_executor("auto", nn.Sequential(nn.Flatten(), nn.Linear(6, 10)), _data([8], (6,)),
+                        seed=0, train=train, device="cpu", max_batch_clients=4)  # fmt: skip
+    assert isinstance(vec, VectorizedExecutor) and vec.max_batch_clients == 4
+    assert isinstance(
+        make_executor(
+            "serial", _WithBatchNorm(), _data([8], (6,)), seed=0, train=train, device="cpu"
+        ),
+        SerialExecutor,
+    )
+    with pytest.raises(ValueError, match="allowed"):
+        make_executor("ray", _WithBatchNorm(), _data([8], (6,)), seed=0, train=train, device="cpu")
+
+
+def test_vectorized_runs_batchnorm_serially_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    sizes = [12, 8, 16]
+    data = _data(sizes, (6,))
+    torch.manual_seed(0)
+    m = _WithBatchNorm()
+    tasks = _tasks(snapshot(m, 0), sizes, 4, epochs=1.0)
+    serial = SerialExecutor(m, data, seed=0, lr=0.1).run(tasks)
+    with caplog.at_level(logging.INFO, logger="fedclock"):
+        vec = VectorizedExecutor(m, data, seed=0, lr=0.1)
+        out = vec.run(tasks) + vec.run(tasks)
+    _assert_same(serial + serial, out, atol=0)
+    assert all(c.buffers for c in out)  # BatchNorm statistics come back
+    assert len(caplog.records) == 1
+
+
+def test_unknown_plan_type_runs_serially_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    sizes = [10, 12, 9]
+    data = _data(sizes, (6,))
+    m = build_model("logreg", input_shape=(6,), num_classes=10, seed=0)
+    tasks = _tasks(snapshot(m, 0), sizes, 4, epochs=1.0)
+    other = [
+        Task(t.task_id, t.client, 0, t.base, _OtherPlan(t.plan.local_steps, 4, t.plan.samples, 1),  # type: ignore[arg-type]
+             t.cost, t.timing, 0.0)
+        for t in tasks
+    ]  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="fedclock"):
+        out = VectorizedExecutor(m, data, seed=0, lr=0.1).run([tasks[0], *other[1:]])
+    assert len(caplog.records) == 1 and "_OtherPlan" in caplog.records[0].getMessage()
+    _assert_same(SerialExecutor(m, data, seed=0, lr=0.1).run(tasks), out, same_tasks=False)
+
+
+# ------------------------------------------------------------------ blocks
+
+
+def test_auto_block_size_bounds_the_largest_stacked_tensor() -> None:
+    w1 = build_model("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=[200, 200], seed=0)
+    # 784×200 floats = 627 kB per client: 16 MiB holds 26 clients (the W1 sweet spot is 20–25)
+    assert auto_max_batch_clients(w1, (1, 28, 28), 50) == 26
+    w2 = build_model("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=[32, 16], seed=0)
+    assert auto_max_batch_clients(w2, (1, 28, 28), 16) >= 30  # the whole W2 round in one block
+    assert auto_max_batch_clients(w1, (1, 28, 28), 50, block_bytes=1) == 1
+    with pytest.raises(ValueError, match="max_batch_clients"):
+        VectorizedExecutor(w1, _data([4], (1, 28, 28)), seed=0, lr=0.1, max_batch_clients=0)
+
+
+# ------------------------------------------------------------------ end to end
+
+
+def test_run_experiment_same_metrics_with_either_executor(tmp_path) -> None:
+    results = {}
+    for kind in ("serial", "vectorized"):
+        raw = tiny_raw(
+            executor={"kind": kind},
+            train={"local_epochs": 1.5, "batch_size": 16, "lr": 0.1, "momentum": 0.5},
+            partition={"scheme": "iid", "num_clients": 6, "sizes": "lognormal"},
+        )
+        cfg = load_config(raw=raw)
+        results[kind] = run_experiment(cfg, run_dir=tmp_path / kind)
+    a, b = results["serial"].history, results["vectorized"].history
+    assert len(a) == len(b) > 2
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["aggregation"] == rb["aggregation"]
+        assert ra["virtual_time"] == rb["virtual_time"]
+        assert ra["test_loss"] == pytest.approx(rb["test_loss"], abs=1e-4)
+        assert ra["test_accuracy"] == pytest.approx(rb["test_accuracy"], abs=1e-2)
+    assert load_config().executor.kind == "auto"
