@@ -176,6 +176,17 @@ def test_contribution_does_not_depend_on_block_or_neighbours() -> None:
         _assert_same(whole, alone[::-1])
 
 
+def test_each_contribution_owns_its_delta() -> None:
+    sizes = [10, 12, 9]
+    data = _data(sizes, (6,))
+    m = build_model("logreg", input_shape=(6,), num_classes=10, seed=0)
+    out = VectorizedExecutor(m, data, seed=0, lr=0.1).run(
+        _tasks(snapshot(m, 0), sizes, 4, epochs=1.0)
+    )
+    ptrs = {t.untyped_storage().data_ptr() for c in out for t in c.delta.values()}
+    assert len(ptrs) == sum(len(c.delta) for c in out)  # no shared block storage
+
+
 @settings(max_examples=12, deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 40), min_size=1, max_size=6),

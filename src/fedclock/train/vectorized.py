@@ -21,13 +21,16 @@ parameter update for the whole block. The result equals
   (dampening 0, no Nesterov): g ← ∇ + λθ; b ← μb + g (b₀ = g); θ ← θ − ηb.
 
 Memory: client data is held once (index views); stacked parameters, momentum
-and gradients exist only for the block in flight. Blocks hold at most
+and gradients exist only for the block in flight, and each contribution owns its
+own delta tensors (not views of the block's stacked tensors). Blocks hold at most
 ``max_batch_clients`` clients; the automatic default keeps the largest stacked
 tensor of a block (a parameter/gradient, or an activation) under
 ``block_bytes`` (16 MiB): larger blocks are *slower* on CPU, because tensors
 above glibc's mmap threshold (32 MiB at most) are returned to the OS on every
-free and page-faulted back on the next step (100 W1 clients at once run ~1.3×
-slower than blocks of ~25).
+free and page-faulted back on the next step (on the reference machine, all 100
+W1 clients at once ran ≈ 1.3× slower than blocks of 20–25). On a GPU, where
+bigger blocks only fill the device better, the bound is ``CUDA_BLOCK_BYTES``
+(256 MiB) instead.
 
 A group of fewer than ``min_block`` tasks (by default: a lone task, as in asynchronous
 strategies that dispatch one task per arrival) runs through the serial code path, which is
@@ -60,7 +63,9 @@ from fedclock.train.executor import ClientData, SerialExecutor, batch_schedule
 log = logging.getLogger("fedclock")
 
 BLOCK_BYTES = 16 * 2**20
-"""Default bound on the largest stacked tensor of a block (see the module docstring)."""
+"""Default bound on the largest stacked tensor of a block on CPU (see the module docstring)."""
+CUDA_BLOCK_BYTES = 256 * 2**20
+"""The same bound on a CUDA device."""
 
 
 # Leaf modules whose vmap(grad) is exact (each client sees its own batch, nothing is shared
@@ -149,7 +154,7 @@ class VectorizedExecutor:
         weight_decay: float = 0.0,
         device: torch.device | str = "cpu",
         max_batch_clients: int | None = None,
-        block_bytes: int = BLOCK_BYTES,
+        block_bytes: int | None = None,
         min_block: int = 2,
     ) -> None:
         if max_batch_clients is not None and max_batch_clients < 1:
@@ -164,6 +169,8 @@ class VectorizedExecutor:
         self.momentum = momentum
         self.weight_decay = weight_decay
         self.max_batch_clients = max_batch_clients
+        if block_bytes is None:
+            block_bytes = CUDA_BLOCK_BYTES if self.device.type == "cuda" else BLOCK_BYTES
         self.block_bytes = block_bytes
         self.min_block = min_block
         self._x = data.x.to(self.device)
@@ -315,15 +322,17 @@ class VectorizedExecutor:
                 torch._foreach_add_(p_k, g, alpha=-lr)
                 loss_sum[:k] += loss.detach()
 
-        with torch.no_grad():
-            deltas = list(torch._foreach_sub(params, base_params))
         losses = loss_sum.tolist()
         out = []
         for j, task in enumerate(tasks):
+            # each client's delta is its own tensor, not a view of the block: a contribution
+            # that waits long for its arrival must not keep the whole block alive
+            with torch.no_grad():
+                delta = torch._foreach_sub([p[j] for p in params], base_params)
             out.append(
                 Contribution(
                     task=task,
-                    delta={n: d[j] for n, d in zip(names, deltas, strict=True)},
+                    delta=dict(zip(names, delta, strict=True)),
                     buffers={},
                     num_samples=len(self.data.indices[task.client]),
                     train_loss=losses[j] / max(1, steps[j]),
@@ -357,6 +366,7 @@ def make_vectorized_or_serial(
 __all__ = [
     "BATCHABLE_MODULES",
     "BLOCK_BYTES",
+    "CUDA_BLOCK_BYTES",
     "VectorizedExecutor",
     "auto_max_batch_clients",
     "make_vectorized_or_serial",
