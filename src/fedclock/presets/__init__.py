@@ -32,10 +32,18 @@ def load_preset(name: str) -> dict[str, Any]:
     return raw
 
 
+def one_line(desc: str, width: int = 120) -> str:
+    """The head of a description: up to its first colon, else ``width`` characters."""
+    head = desc.split(": ", 1)[0]
+    if len(head) <= width:
+        return head
+    return head[:width].rsplit(" ", 1)[0] + " …"
+
+
 def list_presets() -> list[tuple[str, str]]:
     """(name, one-line description) for every shipped preset."""
     out = []
     for name in preset_names():
-        desc = str(load_preset(name).get("description", "")).strip().splitlines()
-        out.append((name, desc[0] if desc else ""))
+        desc = " ".join(str(load_preset(name).get("description", "")).split())
+        out.append((name, one_line(desc)))
     return out
