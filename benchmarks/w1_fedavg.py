@@ -10,7 +10,7 @@ FLOOR_BLOCK = 25
 
 
 def run(*, quick: bool = False, repeats: int = 3) -> dict[str, object]:
-    clients, rounds = (20, 3) if quick else (100, 10)
+    clients, rounds = (10, 3) if quick else (100, 10)
     setup = FedAvgSetup(
         mnist_like(clients, 600), hidden=(200, 200), rounds=rounds, batch_size=50, lr=0.05,
         local_epochs=1.0,

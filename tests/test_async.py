@@ -329,6 +329,19 @@ def test_estimated_update_times_converge_to_the_observed_ones():
 # ------------------------------------------------------------------ sanity equalities end to end
 
 
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny(**sections):
+    """tiny_raw on one torch thread: these runs are single-task batches, and on a busy
+    machine the default thread pool makes them ten times slower."""
+    return tiny_raw(executor={"threads": 1}, **sections)
+
+
 def _metrics(path, drop=("wall_time",)):
     lines = (path / "metrics.csv").read_text().splitlines()
     header = lines[0].split(",")
@@ -337,9 +350,9 @@ def _metrics(path, drop=("wall_time",)):
 
 
 def test_fedfix_with_period_beyond_every_update_time_is_fedavg(tmp_path):
-    run_experiment(load_config(raw=tiny_raw()), run_dir=tmp_path / "avg")
+    run_experiment(load_config(raw=tiny()), run_dir=tmp_path / "avg")
     fix = run_experiment(
-        load_config(raw=tiny_raw(strategy={"name": "fedfix", "delta_t": 1.0e6})),
+        load_config(raw=tiny(strategy={"name": "fedfix", "delta_t": 1.0e6})),
         run_dir=tmp_path / "fix",
     )
     drop = ("wall_time", "virtual_time")  # the ticks come later than the barrier
@@ -349,11 +362,11 @@ def test_fedfix_with_period_beyond_every_update_time_is_fedavg(tmp_path):
 
 def test_fedfix_with_period_equal_to_the_slowest_update_is_fedavg_exactly(tmp_path):
     no_noise = {"slowdown": {"kind": "none"}}
-    raw = tiny_raw()
+    raw = tiny()
     raw["population"] = {**raw["population"], **no_noise}
     avg = run_experiment(load_config(raw=raw), run_dir=tmp_path / "avg")
     slowest = avg.history[1]["virtual_time"]  # first barrier = max_i τ_i
-    raw_fix = tiny_raw(strategy={"name": "fedfix", "delta_t": slowest})
+    raw_fix = tiny(strategy={"name": "fedfix", "delta_t": slowest})
     raw_fix["population"] = raw["population"]
     run_experiment(load_config(raw=raw_fix), run_dir=tmp_path / "fix")
     assert _metrics(tmp_path / "avg") == _metrics(tmp_path / "fix")
@@ -362,9 +375,9 @@ def test_fedfix_with_period_equal_to_the_slowest_update_is_fedavg_exactly(tmp_pa
 def test_fedbuff_with_buffer_of_all_clients_is_fedavg(tmp_path):
     # equal τ (homogeneous devices, no noise) and uniform p = 1/m
     pop = {"scenario": "homogeneous", "speed": 1.0e6, "slowdown": {"kind": "none"}}
-    raw_avg = tiny_raw(strategy={"name": "fedavg", "weights": "uniform"})
+    raw_avg = tiny(strategy={"name": "fedavg", "weights": "uniform"})
     raw_avg["population"] = pop
-    raw_buff = tiny_raw(strategy={"name": "fedbuff", "buffer_size": 6})
+    raw_buff = tiny(strategy={"name": "fedbuff", "buffer_size": 6})
     raw_buff["population"] = pop
     run_experiment(load_config(raw=raw_avg), run_dir=tmp_path / "avg")
     run_experiment(load_config(raw=raw_buff), run_dir=tmp_path / "buff")
@@ -373,9 +386,7 @@ def test_fedbuff_with_buffer_of_all_clients_is_fedavg(tmp_path):
 
 def test_async_strategies_run_deterministically_and_count_staleness(tmp_path):
     for name in ("async-identical", "async-time-based", "fedasync"):
-        raw = tiny_raw(
-            strategy={"name": name, "tau_source": "estimated"}, budget={"aggregations": 12}
-        )
+        raw = tiny(strategy={"name": name, "tau_source": "estimated"}, budget={"aggregations": 12})
         a = run_experiment(load_config(raw=raw), run_dir=tmp_path / name / "a")
         b = run_experiment(load_config(raw=raw), run_dir=tmp_path / name / "b")
         assert a.summary["status"] == "completed"
@@ -398,7 +409,7 @@ def test_async_config_errors_are_one_sentence(tmp_path):
     ]
     for strategy, expected in cases:
         with pytest.raises(ConfigError) as info:
-            run_experiment(load_config(raw=tiny_raw(strategy=strategy)), run_dir=tmp_path / "x")
+            run_experiment(load_config(raw=tiny(strategy=strategy)), run_dir=tmp_path / "x")
         msg = str(info.value)
         assert expected in msg and msg.endswith(".") and "\n" not in msg
     with pytest.raises(ConfigError, match=r"strategy\.staleness"):
@@ -435,7 +446,7 @@ def test_federated_metrics_hand_computed():
 
 
 def test_client_losses_are_recorded_and_weights_received_measured(tmp_path):
-    raw = tiny_raw(
+    raw = tiny(
         strategy={"name": "async-identical"},
         budget={"aggregations": 18},
         eval={"every_aggregations": 6, "client_losses": True},
@@ -463,9 +474,7 @@ def test_client_losses_are_recorded_and_weights_received_measured(tmp_path):
 
 
 def test_sync_fedavg_surrogate_equals_federated(tmp_path):
-    raw = tiny_raw(
-        budget={"aggregations": 2}, eval={"every_aggregations": 1, "client_losses": True}
-    )
+    raw = tiny(budget={"aggregations": 2}, eval={"every_aggregations": 1, "client_losses": True})
     res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "r")
     last = res.history[-1]
     assert last["surrogate_loss"] == pytest.approx(last["federated_loss"])
@@ -482,9 +491,7 @@ def test_compare_lr_grid_picks_the_best_rate_and_sweeps_strategy_fields(tmp_path
 
     from fedclock.cli import app
 
-    raw = tiny_raw(
-        budget={"aggregations": 3}, eval={"every_aggregations": 1, "client_losses": True}
-    )
+    raw = tiny(budget={"aggregations": 3}, eval={"every_aggregations": 1, "client_losses": True})
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     out = tmp_path / "cmp"
