@@ -291,7 +291,7 @@ class VectorizedExecutor:
         if any(partial):
             weights = torch.where(
                 rows >= 0, 1.0 / counts.clamp(min=1).to(self.device).unsqueeze(-1), 0.0
-            ).to(self._x.dtype)
+            ).to(base.params[self._names[0]].dtype)  # not the input dtype: tokens are int64
             rows = rows.clamp(min=0)
 
         names = self._names
