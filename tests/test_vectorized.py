@@ -322,3 +322,23 @@ def test_run_experiment_same_metrics_with_either_executor(tmp_path) -> None:
         assert ra["test_loss"] == pytest.approx(rb["test_loss"], abs=1e-4)
         assert ra["test_accuracy"] == pytest.approx(rb["test_accuracy"], abs=1e-2)
     assert load_config().executor.kind == "auto"
+
+
+def test_config_max_batch_clients_reaches_the_executor(tmp_path, monkeypatch):
+    """executor.max_batch_clients in the config is the block size the run uses."""
+    import fedclock.experiment as experiment
+    from fedclock.config import load_config
+    from tests.conftest import tiny_raw
+
+    built: list[object] = []
+    real = experiment.make_executor
+
+    def spy(*args, **kwargs):
+        built.append(ex := real(*args, **kwargs))
+        return ex
+
+    monkeypatch.setattr(experiment, "make_executor", spy)
+    cfg = load_config(raw=tiny_raw(executor={"max_batch_clients": 2}, budget={"aggregations": 1}))
+    experiment.run_experiment(cfg, run_dir=tmp_path / "r")
+    (ex,) = built
+    assert isinstance(ex, VectorizedExecutor) and ex.max_batch_clients == 2

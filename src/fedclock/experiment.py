@@ -171,8 +171,9 @@ def run_experiment(
     device = resolve_device(cfg.executor.device)
     initial = snapshot(model, 0)
     executor: Any = make_executor(
-        cfg.executor.kind, model, data, seed=cfg.seed, train=cfg.train, device=cfg.executor.device
-    )
+        cfg.executor.kind, model, data, seed=cfg.seed, train=cfg.train,
+        device=cfg.executor.device, max_batch_clients=cfg.executor.max_batch_clients,
+    )  # fmt: skip
     if hasattr(strategy.planner, "s"):  # SALF family: layer-suffix and width-sliced tasks
         from fedclock.train.partial import PartialExecutor
 
