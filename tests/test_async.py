@@ -307,6 +307,71 @@ def test_fedbuff_contributors_restart_and_others_keep_working():
     ]
 
 
+def _in_flight_trace(durations, trigger, t_end, seed=0):
+    """Run a schedule and record, after every event, which clients are training."""
+    planner = _FixedPlanner(durations)
+    strategy = Strategy(
+        "test", planner, trigger(UpdateTimes("profile", planner)), _LoggingAggregator()
+    )  # type: ignore[arg-type]
+    cfg = load_config(
+        raw={"population": {"speed": 1.0, "up_bandwidth": None, "down_bandwidth": None}}
+    )
+    n = len(durations)
+    trace: list[list[int]] = []
+    sim = Simulator(
+        strategy=strategy, executor=_NullExecutor(), population=build_population(cfg.population, n, 0),
+        initial=ModelVersion(0, {}), client_sizes=np.ones(n, dtype=int), seed=seed,
+        budget=Budget(virtual_time=t_end), evaluate=lambda v: (0.0, 0.0), eval_every_aggregations=None,
+        on_progress=lambda s: trace.append([t.client for t in s._in_flight.values()]),
+    )  # fmt: skip
+    sim.run()
+    return trace, sim, strategy.aggregator.log  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("buffer_size", [1, 3])
+def test_concurrency_keeps_c_distinct_clients_training_drawn_uniformly(buffer_size):
+    trace, sim, _ = _in_flight_trace(
+        [1.0] * 10, lambda t: ArrivalBuffer(t, buffer_size=buffer_size, concurrency=3), 200.5
+    )
+    # every slot is refilled at once (FLSim): always 3 distinct clients training
+    assert all(len(clients) == len(set(clients)) == 3 for clients in trace[:-1])
+    # 3 updates per virtual second for 200 s, spread uniformly over the 10 clients
+    counts = np.array([sim.counters.participation.get(c, 0) for c in range(10)])
+    assert counts.sum() == 600 - 600 % buffer_size
+    assert counts.min() > 30 and counts.max() < 90  # mean 60, sd ≈ 7
+    again, _, _ = _in_flight_trace(
+        [1.0] * 10, lambda t: ArrivalBuffer(t, buffer_size=buffer_size, concurrency=3), 200.5
+    )
+    assert again == trace  # seeded selection
+    other, _, _ = _in_flight_trace(
+        [1.0] * 10,
+        lambda t: ArrivalBuffer(t, buffer_size=buffer_size, concurrency=3),
+        200.5,
+        seed=1,
+    )
+    assert other != trace
+
+
+def test_fedbuff_with_concurrency_restarts_on_the_current_model():
+    # m = 2, C = 2 of 4 clients, τ = 1 for client 0..3: both slots free at t = 1,
+    # the first arrival's replacement starts on version 0 (before the step), the second's on 1
+    _trace, sim, log = _in_flight_trace(
+        [1.0, 1.0, 1.0, 1.0], lambda t: ArrivalBuffer(t, buffer_size=2, concurrency=2), 2.5
+    )
+    assert [(t, v, [b for _, b in cs]) for t, v, cs in log] == [(1.0, 0, [0, 0]), (2.0, 1, [0, 1])]
+    assert sim.counters.staleness == {0: 3, 1: 1}
+
+
+def test_fedfix_with_concurrency_refills_at_the_tick():
+    # τ = 0.5, Δt = 1: every contributor waits for the tick, then its slot goes to a random idle client
+    trace, _, log = _in_flight_trace(
+        [0.5] * 6, lambda t: FixedPeriod(t, delta_t=1.0, concurrency=2), 3.5
+    )
+    assert [(t, v, len(cs)) for t, v, cs in log] == [(1.0, 0, 2), (2.0, 1, 2), (3.0, 2, 2)]
+    assert all(b == v for _, v, cs in log for _, b in cs)  # started on the model of the last tick
+    assert max(len(c) for c in trace) == 2
+
+
 def test_estimated_update_times_converge_to_the_observed_ones():
     planner = _FixedPlanner([1.0, 2.0])
     times = UpdateTimes("estimated", planner)  # type: ignore[arg-type]
@@ -384,6 +449,16 @@ def test_fedbuff_with_buffer_of_all_clients_is_fedavg(tmp_path):
     assert _metrics(tmp_path / "avg") == _metrics(tmp_path / "buff")
 
 
+def test_fedbuff_with_concurrency_runs_end_to_end(tmp_path):
+    raw = tiny(strategy={"name": "fedbuff", "buffer_size": 2, "concurrency": 3},
+               budget={"aggregations": 6})  # fmt: skip
+    a = run_experiment(load_config(raw=raw), run_dir=tmp_path / "a")
+    b = run_experiment(load_config(raw=raw), run_dir=tmp_path / "b")
+    assert a.summary["aggregations"] == 6 and a.summary["updates_used"] == 12
+    assert _metrics(a.run_dir) == _metrics(b.run_dir)
+    assert a.history[-1]["test_accuracy"] > a.history[0]["test_accuracy"]
+
+
 def test_async_strategies_run_deterministically_and_count_staleness(tmp_path):
     for name in ("async-identical", "async-time-based", "fedasync"):
         raw = tiny(strategy={"name": name, "tau_source": "estimated"}, budget={"aggregations": 12})
@@ -406,6 +481,8 @@ def test_async_config_errors_are_one_sentence(tmp_path):
         ({"name": "fedasync", "aggregation_weights": "sync"}, "aggregation_weights"),
         ({"name": "fedavg", "aggregation_weights": "identical"}, "aggregation_weights"),
         ({"name": "async-identical", "aggregation_weights": "fedfix"}, "needs strategy.delta_t"),
+        ({"name": "fedavg", "concurrency": 2}, "strategy.concurrency"),
+        ({"name": "salf", "concurrency": 2}, "strategy.concurrency"),
     ]
     for strategy, expected in cases:
         with pytest.raises(ConfigError) as info:

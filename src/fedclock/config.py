@@ -178,6 +178,12 @@ class StrategyConfig(_Section):
     staleness_normalize_at: float | None = Field(
         None, ge=0, description="divide s by s(this staleness), as FLSim's avg_staleness"
     )
+    concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="asynchronous family: at most this many clients train at once, drawn "
+        "uniformly from the idle ones (FLSim's max concurrency); null = every client",
+    )
     tau_source: Literal["profile", "estimated"] = Field(
         "profile", description="update times τ_i: device profile, or estimated from arrivals"
     )

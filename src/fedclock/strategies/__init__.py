@@ -46,6 +46,11 @@ def _local_sgd(cfg: ExperimentConfig, info: BuildInfo) -> LocalSGDPlanner:
 
 def _sync_only(cfg: ExperimentConfig) -> None:
     s = cfg.strategy
+    if s.concurrency is not None:
+        raise ConfigError(
+            f"strategy.concurrency applies to the asynchronous strategies; '{s.name}' samples "
+            "clients per round with strategy.client_fraction instead."
+        )
     if s.aggregation_weights != "auto":
         raise ConfigError(
             f"Strategy '{s.name}' weights updates by p_i (strategy.weights), so "
@@ -83,6 +88,10 @@ def _drop_stragglers(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
 
 def _salf(name: str) -> Callable[[ExperimentConfig, BuildInfo], Strategy]:
     def build(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
+        if cfg.strategy.concurrency is not None:
+            raise ConfigError(
+                f"strategy.concurrency applies to the asynchronous strategies, not '{name}'."
+            )
         strategy: Strategy = build_salf_family(cfg, info, name)
         return strategy
 

@@ -21,7 +21,9 @@ Three triggers decide when S_n closes (the fourth, the barrier, is
 - :class:`FixedPeriod`: every Δt (FedFix); a client that finishes waits idle for
   the next tick, then receives the new model, so it contributes every ⌈τ_i/Δt⌉ ticks.
 
-All triggers keep every client of the population working (no client sampling).
+All triggers keep every client of the population working (no client sampling), or,
+with ``strategy.concurrency`` C, C clients at a time drawn uniformly (FLSim's max
+concurrency), so a population of 100k clients costs only the C tasks in flight.
 Update times τ_i come from :class:`UpdateTimes`: the device profile's nominal
 task duration, or the server's running estimate from observed update times.
 """
@@ -263,10 +265,25 @@ class RecordingFedAvgAggregator(FedAvgAggregator):
 
 
 class _AllClients:
-    """Shared by the asynchronous triggers: every client works all the time."""
+    """Shared by the asynchronous triggers: which clients work, and when they restart.
 
-    def __init__(self, times: UpdateTimes) -> None:
+    By default every client of the population works all the time (Fraboni et al.):
+    a contributor restarts on the new model. With ``concurrency`` C (FLSim's max
+    concurrency) only C clients train at once: C clients drawn uniformly at random
+    start, and each freed slot goes to a client drawn uniformly from those not
+    training (the one just freed included), on the current model. Draws come from
+    the run's ``client-selection`` stream.
+    """
+
+    def __init__(self, times: UpdateTimes, *, concurrency: int | None = None) -> None:
+        if concurrency is not None and concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
         self.times = times
+        self.concurrency = concurrency
+        self._idle: list[int] = []  # clients not training (concurrency mode)
+        self._where: list[int] = []  # position of each client in _idle, −1 if training
+        self._draws: list[float] = []
+        self._rng: np.random.Generator | None = None
 
     def _start(self, ctx: Context, client: int) -> None:
         ctx.dispatch(ctx.prepare(client))
@@ -274,22 +291,62 @@ class _AllClients:
 
     def _start_all(self, ctx: Context) -> None:
         self.times.setup(ctx)
-        for c in range(ctx.num_clients):
-            self._start(ctx, c)
+        n = ctx.num_clients
+        if self.concurrency is None or self.concurrency >= n:
+            self.concurrency = None
+            for c in range(n):
+                self._start(ctx, c)
+            return
+        self._rng = ctx.rng("client-selection")
+        self._idle = list(range(n))
+        self._where = list(range(n))
+        for _ in range(self.concurrency):
+            self._start(ctx, self._take_idle())
+
+    def _take_idle(self) -> int:
+        """Remove and return a client drawn uniformly from the idle ones."""
+        if not self._draws:
+            assert self._rng is not None
+            self._draws = self._rng.random(4096).tolist()
+        idle, where = self._idle, self._where
+        i = int(self._draws.pop() * len(idle))
+        client, last = idle[i], idle[-1]
+        idle[i] = last
+        where[last] = i
+        idle.pop()
+        where[client] = -1
+        return client
+
+    def _restart(self, ctx: Context, client: int) -> None:
+        """``client``'s update has been used: it (or, with a concurrency, a random idle client) starts."""
+        if self.concurrency is None:
+            self._start(ctx, client)
+            return
+        self._where[client] = len(self._idle)
+        self._idle.append(client)
+        self._start(ctx, self._take_idle())
 
     def _commit_and_restart(self, ctx: Context, arrived: list[Contribution]) -> None:
         batch = sorted(arrived, key=lambda c: c.client)  # fixed sum order
         ctx.commit(batch)
         if not ctx.stopping:
             for c in batch:
-                self._start(ctx, c.client)
+                self._restart(ctx, c.client)
 
 
 class ArrivalBuffer(_AllClients):
-    """Aggregate every ``buffer_size`` arrivals (1: asynchronous FedAvg; m: FedBuff)."""
+    """Aggregate every ``buffer_size`` arrivals (1: asynchronous FedAvg; m: FedBuff).
 
-    def __init__(self, times: UpdateTimes, *, buffer_size: int = 1) -> None:
-        super().__init__(times)
+    Without a concurrency the m contributors wait for the aggregation and restart
+    on the new model. With one, as in FLSim, an arrival frees its slot at once: a
+    new client starts on the current model (on the new one if this arrival filled
+    the buffer).
+    """
+
+    def __init__(
+        self, times: UpdateTimes, *, buffer_size: int = 1, concurrency: int | None = None
+    ) -> None:
+        super().__init__(times, concurrency=concurrency)
         if buffer_size < 1:
             raise ValueError("buffer_size must be at least 1")
         self.buffer_size = buffer_size
@@ -301,9 +358,16 @@ class ArrivalBuffer(_AllClients):
     def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
         self.times.observe(contribution.task, ctx.now)
         self._buffer.append(contribution)
+        if self.concurrency is None:
+            if len(self._buffer) >= self.buffer_size:
+                arrived, self._buffer = self._buffer, []
+                self._commit_and_restart(ctx, arrived)
+            return
         if len(self._buffer) >= self.buffer_size:
             arrived, self._buffer = self._buffer, []
-            self._commit_and_restart(ctx, arrived)
+            ctx.commit(sorted(arrived, key=lambda c: c.client))
+        if not ctx.stopping:
+            self._restart(ctx, contribution.client)
 
     def on_timer(self, ctx: Context, tag: Any) -> None:
         return None
@@ -318,8 +382,10 @@ class FixedPeriod(_AllClients):
     tick. A tick with no update makes no server step.
     """
 
-    def __init__(self, times: UpdateTimes, *, delta_t: float) -> None:
-        super().__init__(times)
+    def __init__(
+        self, times: UpdateTimes, *, delta_t: float, concurrency: int | None = None
+    ) -> None:
+        super().__init__(times, concurrency=concurrency)
         if not delta_t > 0:
             raise ValueError("delta_t must be > 0")
         self.delta_t = delta_t
@@ -382,12 +448,12 @@ def build_async(cfg: ExperimentConfig, info: BuildInfo, name: str, planner: Plan
     trigger: ArrivalBuffer | FixedPeriod
     if name == "fedfix":
         assert s.delta_t is not None
-        trigger = FixedPeriod(times, delta_t=s.delta_t)
+        trigger = FixedPeriod(times, delta_t=s.delta_t, concurrency=s.concurrency)
     elif name == "fedbuff":
         assert s.buffer_size is not None
-        trigger = ArrivalBuffer(times, buffer_size=s.buffer_size)
+        trigger = ArrivalBuffer(times, buffer_size=s.buffer_size, concurrency=s.concurrency)
     else:
-        trigger = ArrivalBuffer(times, buffer_size=1)
+        trigger = ArrivalBuffer(times, buffer_size=1, concurrency=s.concurrency)
 
     if name == "fedasync":
         if s.aggregation_weights != "auto":
