@@ -1,76 +1,37 @@
-"""A minimal asynchronous FedBuff trigger for the engine benchmarks (not the product's FedBuff).
+"""fedclock's own FedBuff for the engine and memory benchmarks, and a no-op model.
 
-``concurrency`` clients train at any time; every arrival goes into a buffer, the server
-aggregates every ``buffer_size`` arrivals, and the client that just arrived is replaced by a
-random idle client (drawn from one seeded stream), who starts on the current model.
+:func:`fedbuff` builds the product's strategy from its parts, exactly as
+``strategy.name: fedbuff`` does (:func:`fedclock.strategies.asynchronous.build_async`):
+the :class:`ArrivalBuffer` trigger (a server step every ``buffer_size`` arrivals; with a
+``concurrency`` C, C clients train at a time, FLSim-style) and the eq. 6
+:class:`StepAggregator` with FedBuff's d_i = 1/m.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from fedclock.sim.simulator import Context
-from fedclock.sim.types import Contribution, ModelVersion, Task
+from fedclock.sim.types import Contribution, Task
+from fedclock.strategies import Strategy
+from fedclock.strategies.asynchronous import ArrivalBuffer, StepAggregator, UpdateTimes, WeightRule
+from fedclock.strategies.base import Planner
 
 
-class AsyncBuffered:
-    def __init__(self, *, concurrency: int, buffer_size: int) -> None:
-        self.concurrency = concurrency
-        self.buffer_size = buffer_size
-        self.arrivals = 0
-        self._busy: set[int] = set()
-        self._buffer: list[Contribution] = []
-        self._rng: np.random.Generator | None = None
-        self._draws: list[int] = []
-
-    def _idle_client(self, ctx: Context) -> int:
-        n = ctx.num_clients
-        while True:
-            if not self._draws:
-                assert self._rng is not None
-                self._draws = self._rng.integers(0, n, size=4096).tolist()
-            c = self._draws.pop()
-            if c not in self._busy:
-                return c
-
-    def _start(self, ctx: Context) -> Task:
-        c = self._idle_client(ctx)
-        self._busy.add(c)
-        return ctx.dispatch(ctx.prepare(c))
-
-    def on_start(self, ctx: Context) -> None:
-        self._rng = ctx.rng("select", 0)
-        for _ in range(min(self.concurrency, ctx.num_clients)):
-            self._start(ctx)
-
-    def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
-        self.arrivals += 1
-        self._busy.discard(contribution.client)
-        self._buffer.append(contribution)
-        if len(self._buffer) >= self.buffer_size:
-            batch, self._buffer = self._buffer, []
-            ctx.commit(batch)
-        if not ctx.stopping:
-            self._start(ctx)
-
-    def on_timer(self, ctx: Context, tag: Any) -> None:
-        pass
+def fedbuff(
+    planner: Planner, *, clients: int, buffer_size: int, concurrency: int | None
+) -> Strategy:
+    times = UpdateTimes("profile", planner)
+    trigger = ArrivalBuffer(times, buffer_size=buffer_size, concurrency=concurrency)
+    weights = WeightRule(
+        "fedbuff", importance=np.full(clients, 1.0 / clients), times=times, buffer_size=buffer_size
+    )
+    return Strategy("fedbuff", planner, trigger, StepAggregator(weights))
 
 
 class NoopExecutor:
     """A no-op model: every task returns an empty update at once."""
 
     def run(self, tasks: Sequence[Task]) -> list[Contribution]:
-        return [
-            Contribution(task=t, delta={}, buffers={}, num_samples=1, train_loss=0.0) for t in tasks
-        ]
-
-
-class NoopAggregator:
-    def aggregate(
-        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
-    ) -> ModelVersion:
-        return ModelVersion(version=base.version + 1, params=base.params, buffers=base.buffers)
+        return [Contribution(t, {}, {}, 1, 0.0) for t in tasks]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,52 @@ def test_lognormal_slowdown_has_mean_one():
     draws = np.array([pop.slowdown(0, k) for k in range(4000)])
     assert draws.mean() == pytest.approx(1.0, abs=0.03)
     assert (draws > 0).all()
+    assert np.log(draws).std() == pytest.approx(0.5, abs=0.02)
+
+
+def test_exponential_slowdown_is_exp1():
+    from scipy import stats
+
+    cfg = load_config(raw={"population": {"slowdown": {"kind": "exponential"}}})
+    pop = build_population(cfg.population, 50, seed=4)
+    draws = np.array([pop.slowdown(c, k) for c in range(50) for k in range(100)])
+    assert stats.kstest(draws, "expon").pvalue > 1e-3
+
+
+def test_counter_uniform_is_uniform_and_keyed():
+    from scipy import stats
+
+    from fedclock.rng import counter_key, counter_uniform
+
+    key = counter_key(7, "slowdown")
+    u = np.array([counter_uniform(key, c, k) for c in range(100) for k in range(100)])
+    assert ((u > 0) & (u < 1)).all()
+    assert stats.kstest(u, "uniform").pvalue > 1e-3
+    grid = u.reshape(100, 100)  # consecutive tasks and neighbouring clients uncorrelated
+    assert abs(np.corrcoef(grid[:, :-1].ravel(), grid[:, 1:].ravel())[0, 1]) < 0.03
+    assert abs(np.corrcoef(grid[:-1].ravel(), grid[1:].ravel())[0, 1]) < 0.03
+    assert counter_uniform(key, 3, 4) == counter_uniform(counter_key(7, "slowdown"), 3, 4)
+    assert counter_uniform(key, 3, 4) != counter_uniform(counter_key(8, "slowdown"), 3, 4)
+    assert counter_uniform(key, 3, 4) != counter_uniform(counter_key(7, "other"), 3, 4)
+
+
+@pytest.mark.parametrize("kind", ["none", "lognormal", "exponential"])
+def test_population_timing_matches_the_cost_model(kind):
+    from fedclock.devices.cost import TaskCost, task_timing
+    from fedclock.devices.population import Population
+
+    raw = {"scenario": "fx", "fx_percent": 50, "speed": 1.0e6, "up_bandwidth": 2.0e5,
+           "down_bandwidth": None, "slowdown": {"kind": kind}}  # fmt: skip
+    pop = build_population(load_config(raw={"population": raw}).population, 5, seed=2)
+    cost = TaskCost(flops=3.0e6, bytes_down=4000, bytes_up=8000)
+    for c in range(5):
+        expect = task_timing(
+            cost, speed=float(pop.speed[c]), up_bandwidth=float(pop.up_bandwidth[c]),
+            down_bandwidth=float(pop.down_bandwidth[c]), slowdown=pop.slowdown(c, 3),
+        )  # fmt: skip
+        assert pop.timing(c, cost, 3) == expect
+        assert Population.timing(pop, c, cost, 3) == expect  # the method and its closure agree
+    assert pop.timing(0, cost, 0).down_s == 0.0  # infinite bandwidth: free
 
 
 # ------------------------------------------------------------------ math
@@ -319,3 +366,12 @@ def test_compute_spent_only_grows(tmp_path):
     received = [row["updates_received"] for row in res.history]
     used = [row["updates_used"] for row in res.history]
     assert all(u <= r for u, r in zip(used, received, strict=True))
+
+
+def test_package_version_is_the_projects():
+    import tomllib
+
+    from fedclock import __version__
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert project["project"]["version"] == __version__

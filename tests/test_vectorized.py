@@ -164,6 +164,31 @@ def test_groups_by_base_version_and_keeps_task_order() -> None:
     _assert_same(serial, vec)
 
 
+def test_tasks_on_different_versions_share_a_block(monkeypatch) -> None:
+    """Asynchronous strategies dispatch on many (stale) versions: one block, per-task bases."""
+    sizes = [20, 11, 30, 16, 25]
+    data = _data(sizes, (1, 8, 8))
+    m = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[8], seed=2)
+    versions = []
+    for v in range(3):
+        versions.append(snapshot(m, v))
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.05 * (v + 1))
+    tasks = [
+        _tasks(versions[c % 3], sizes, 8, epochs=1.0, first_id=0)[c] for c in range(len(sizes))
+    ]
+    blocks: list[set[int]] = []
+    vec = VectorizedExecutor(m, data, seed=1, lr=0.1, momentum=0.5)
+    real = vec._run_block
+    monkeypatch.setattr(
+        vec, "_run_block", lambda ts: blocks.append({t.base.version for t in ts}) or real(ts)
+    )
+    out = vec.run(tasks)
+    assert blocks == [{0, 1, 2}]
+    _assert_same(SerialExecutor(m, data, seed=1, lr=0.1, momentum=0.5).run(tasks), out)
+
+
 def test_contribution_does_not_depend_on_block_or_neighbours() -> None:
     sizes = [20, 11, 30, 16, 25]
     data = _data(sizes, (1, 8, 8))

@@ -26,6 +26,41 @@ def stream(seed: int, purpose: str, *ids: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(_key(seed, purpose, ids))))
 
 
+_M64 = (1 << 64) - 1
+
+
+def splitmix64(z: int) -> int:
+    """The SplitMix64 output function of ``z`` + the golden-ratio increment (64-bit)."""
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def splitmix64_at(seed: int, position: int) -> int:
+    """Output number ``position`` (0-based) of the SplitMix64 stream seeded by ``seed``."""
+    return splitmix64((seed + position * 0x9E3779B97F4A7C15) & _M64)
+
+
+def counter_key(seed: int, purpose: str, *ids: int) -> int:
+    """A 64-bit key for ``(seed, purpose, *ids)``; extend it with :func:`counter_uniform`."""
+    key = 0
+    for part in _key(seed, purpose, ids):
+        key = splitmix64(key ^ part)
+    return key
+
+
+def counter_uniform(key: int, *ids: int) -> float:
+    """A uniform draw on (0, 1) for ``key`` extended by ``ids`` (53 random bits).
+
+    The same (key, ids) always gives the same value; distinct ids give
+    independent-looking values (every id passes through the SplitMix64 mixer).
+    """
+    for i in ids:
+        key = splitmix64(key ^ i)
+    return ((key >> 11) + 0.5) * 2.0**-53
+
+
 def torch_seed(seed: int, purpose: str, *ids: int) -> int:
     """A 63-bit integer seed for torch generators, derived like :func:`stream`."""
     ss = np.random.SeedSequence(_key(seed, purpose, ids))

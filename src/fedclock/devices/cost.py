@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,9 +24,12 @@ class TaskCost:
     bytes_up: int
 
 
-@dataclass(frozen=True, slots=True)
-class TaskTiming:
-    """Phases of a task in virtual seconds: download, then compute, then upload."""
+class TaskTiming(NamedTuple):
+    """Phases of a task in virtual seconds: download, then compute, then upload.
+
+    A named tuple, not a frozen dataclass: the engine builds one per task and a
+    tuple is built several times faster.
+    """
 
     down_s: float
     compute_s: float

@@ -3,7 +3,10 @@
 A population stores per-client compute speed (FLOP/s) and up/down bandwidth
 (bytes/s) as arrays, so a population of 100k clients costs a few MB. The
 per-task slowdown draw is keyed by (seed, client, k) where k counts the
-client's tasks, so every strategy run with the same seed sees the same draws.
+client's tasks, so every strategy run with the same seed sees the same draws
+(a counter-based draw: output number client·2³² + k of a SplitMix64 stream,
+:func:`fedclock.rng.splitmix64_at`; the engine makes one per task, so it must
+cost next to nothing).
 
 Scenarios
 - ``homogeneous``: every device has ``speed`` and the given bandwidths.
@@ -20,12 +23,15 @@ Scenarios
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from fedclock.devices.cost import TaskCost, TaskTiming, task_timing
-from fedclock.rng import stream
+from fedclock.rng import _M64, counter_key, splitmix64_at, stream
+
+_TWO_PI = 2.0 * math.pi
 
 SLOWDOWN_KINDS = ("none", "lognormal", "exponential")
 
@@ -40,6 +46,25 @@ class Population:
     slowdown_kind: str = "none"
     slowdown_sigma: float = 0.5
     seed: int = 0
+    _key: int = field(init=False, repr=False, compare=False)
+    _speed: memoryview = field(init=False, repr=False, compare=False)
+    _up_bandwidth: memoryview = field(init=False, repr=False, compare=False)
+    _down_bandwidth: memoryview = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.slowdown_kind not in SLOWDOWN_KINDS:
+            raise ValueError(
+                f"unknown slowdown kind {self.slowdown_kind!r}; allowed: {', '.join(SLOWDOWN_KINDS)}"
+            )
+        object.__setattr__(self, "_key", counter_key(self.seed, "slowdown"))
+        # memoryviews index to Python floats without a copy (the engine's hot path)
+        for name in ("speed", "up_bandwidth", "down_bandwidth"):
+            a = np.ascontiguousarray(getattr(self, name), dtype=np.float64)
+            object.__setattr__(self, name, a)
+            object.__setattr__(self, "_" + name, memoryview(a))  # type: ignore[arg-type]
+        # the engine calls timing() once per task: shadow the method with a closure
+        # over locals (same values, no attribute look-ups, the mixer inlined)
+        object.__setattr__(self, "timing", self._compiled_timing())
 
     def __len__(self) -> int:
         return int(self.speed.shape[0])
@@ -48,25 +73,75 @@ class Population:
         """Compute slowdown factor of the client's k-th task (mean 1; 1 when kind is none).
 
         lognormal: exp(σZ − σ²/2); exponential: Exp(1) (Fraboni's unreliable
-        devices, whose update time is exponential with the nominal mean).
+        devices, whose update time is exponential with the nominal mean). Z and
+        the exponential come from one 64-bit counter-based draw keyed by
+        (seed, client, k) — Box–Muller for Z, the inverse CDF for Exp(1).
         """
-        if self.slowdown_kind == "none":
+        kind = self.slowdown_kind
+        if kind == "none":
             return 1.0
-        g = stream(self.seed, "slowdown", client, k)
-        if self.slowdown_kind == "lognormal":
+        z = splitmix64_at(self._key, (client << 32) | k)  # 64 random bits for (client, k)
+        if kind == "lognormal":
+            # Box–Muller on the two 32-bit halves (one normal; tails cut at 6.7σ)
+            u1 = ((z >> 32) + 0.5) * 2.0**-32
+            u2 = (z & 0xFFFFFFFF) * 2.0**-32
+            normal = math.sqrt(-2.0 * math.log(u1)) * math.cos(_TWO_PI * u2)
             s = self.slowdown_sigma
-            return float(math.exp(s * g.standard_normal() - 0.5 * s * s))
-        return float(g.exponential(1.0))
+            return math.exp(s * normal - 0.5 * s * s)
+        return -math.log(((z >> 11) + 0.5) * 2.0**-53)  # inverse CDF of Exp(1) on u ∈ (0, 1)
 
     def timing(self, client: int, cost: TaskCost, k: int) -> TaskTiming:
-        """Timing of the client's k-th task with cost ``cost``."""
-        return task_timing(
-            cost,
-            speed=float(self.speed[client]),
-            up_bandwidth=float(self.up_bandwidth[client]),
-            down_bandwidth=float(self.down_bandwidth[client]),
-            slowdown=self.slowdown(client, k),
+        """Timing of the client's k-th task with cost ``cost`` (the engine's hot path).
+
+        Same as :func:`~fedclock.devices.cost.task_timing`: a transfer over an
+        infinite bandwidth is free (x / inf = 0).
+        """
+        return TaskTiming(
+            cost.bytes_down / self._down_bandwidth[client],
+            cost.flops / self._speed[client] * self.slowdown(client, k),
+            cost.bytes_up / self._up_bandwidth[client],
         )
+
+    def _compiled_timing(self) -> Callable[[int, TaskCost, int], TaskTiming]:
+        """:meth:`timing` as a closure; tests check that both agree."""
+        speed, up, down = self._speed, self._up_bandwidth, self._down_bandwidth
+        kind, key, sigma = self.slowdown_kind, self._key, self.slowdown_sigma
+        if kind == "none":
+
+            def nominal(client: int, cost: TaskCost, k: int) -> TaskTiming:
+                return TaskTiming(
+                    cost.bytes_down / down[client],
+                    cost.flops / speed[client],
+                    cost.bytes_up / up[client],
+                )
+
+            return nominal
+
+        m64, golden, c1, c2 = _M64, 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+        log, sqrt, cos, exp, two_pi, half = (
+            math.log, math.sqrt, math.cos, math.exp, _TWO_PI, 0.5 * sigma * sigma,
+        )  # fmt: skip
+        lognormal = kind == "lognormal"
+
+        def timing(client: int, cost: TaskCost, k: int) -> TaskTiming:
+            # output number client·2³² + k of the SplitMix64 stream seeded by key
+            z = (key + (((client << 32) | k) + 1) * golden) & m64
+            z = ((z ^ (z >> 30)) * c1) & m64
+            z = ((z ^ (z >> 27)) * c2) & m64
+            z ^= z >> 31
+            if lognormal:
+                u1 = ((z >> 32) + 0.5) * 2.0**-32
+                normal = sqrt(-2.0 * log(u1)) * cos(two_pi * ((z & 0xFFFFFFFF) * 2.0**-32))
+                s = exp(sigma * normal - half)
+            else:
+                s = -log(((z >> 11) + 0.5) * 2.0**-53)
+            return TaskTiming(
+                cost.bytes_down / down[client],
+                cost.flops / speed[client] * s,
+                cost.bytes_up / up[client],
+            )
+
+        return timing
 
     def nominal_timing(self, client: int, cost: TaskCost) -> TaskTiming:
         """Timing without the random slowdown (the device profile's own figure)."""

@@ -84,7 +84,10 @@ def federated_metrics(
 
 def versions() -> dict[str, str]:
     out = {"python": sys.version.split()[0], "platform": platform.platform()}
-    for pkg in ("fedclock", "torch", "numpy", "scikit-learn", "pydantic", "typer", "matplotlib"):
+    from fedclock import __version__
+
+    out["fedclock"] = __version__  # the source's version, even in a stale editable install
+    for pkg in ("torch", "numpy", "scikit-learn", "pydantic", "typer", "matplotlib"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

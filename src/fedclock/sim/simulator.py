@@ -3,8 +3,9 @@
 Events are ordered by (virtual time, sequence number), so ties resolve in the
 order the events were scheduled and every run is deterministic. The strategy
 reacts to ``on_start``, ``on_arrival`` and ``on_timer`` through a
-:class:`Context`; every task dispatched within one callback reaches the
-executor as one batch when the callback returns.
+:class:`Context`. Training is lazy: dispatched tasks wait until one of them
+arrives without a result, then all of them reach the executor as one batch
+(per-client random streams make the results independent of the batching).
 
 Accounting (all in virtual seconds / bytes):
 - compute spent: the compute phase of every task, charged when the task ends
@@ -25,10 +26,12 @@ surrogate loss (eq. 10) and the spread of the client losses
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -44,6 +47,26 @@ if TYPE_CHECKING:
     from fedclock.devices.population import Population
 
 _ARRIVAL, _TIMER, _EVAL = 0, 1, 2
+
+
+@contextlib.contextmanager
+def _quiet_gc() -> Iterator[None]:
+    """Keep Python's cyclic garbage collector off the event loop's back.
+
+    With thousands of tasks in flight, the collector's full passes over every live
+    object took a quarter of the engine's time. The objects alive when the run
+    starts (the data, the model, torch's own) are frozen out of the collector and
+    the first generation's threshold is raised; both are restored afterwards.
+    """
+    gc.collect()
+    gc.freeze()
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], 50_000), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
 
 
 class StopReason(StrEnum):
@@ -94,6 +117,7 @@ class Context:
 
     def __init__(self, sim: Simulator) -> None:
         self._sim = sim
+        self.start = sim.start  # type: ignore[method-assign]  # the hot path: no extra call
 
     # ---- what the strategy sees
     @property
@@ -143,6 +167,10 @@ class Context:
         knows the update will be discarded (it must cancel or discard it).
         """
         return self._sim.dispatch(task, execute=execute)
+
+    def start(self, client: int) -> Task:
+        """``dispatch(prepare(client))`` on the current model, in one step (the hot path)."""
+        return self._sim.start(client)
 
     def set_timer(self, at: float, tag: Any = None) -> None:
         self._sim.push(max(at, self._sim.now), _TIMER, tag)
@@ -205,8 +233,11 @@ class Simulator:
         self._seq = 0
         self._live_events = 0  # arrivals and timers in the heap (evaluation ticks excluded)
         self._next_task_id = 0
-        self._task_count = np.zeros(len(population), dtype=np.int64)
-        self._pending: list[Task] = []
+        self._task_count = [0] * len(population)  # k of each client's next task
+        # the hot path's look-ups, bound once (a Strategy binds its parts' methods)
+        self._plan = strategy.plan
+        self._timing = population.timing
+        self._pending: dict[int, Task] = {}  # dispatched, not executed yet (by task id)
         self._results: dict[int, Contribution] = {}
         self._in_flight: dict[int, Task] = {}
         self._last_eval: tuple[int, float] | None = None
@@ -221,14 +252,11 @@ class Simulator:
             self._live_events += 1
 
     def prepare(self, client: int, base: ModelVersion) -> Task:
-        plan, cost = self.strategy.plan(self.ctx, client)
-        k = int(self._task_count[client])
-        timing = self.population.timing(client, cost, k)
-        task = Task(
-            task_id=self._next_task_id, client=client, k=k, base=base, plan=plan,
-            cost=cost, timing=timing, t_start=self.now,
-        )  # fmt: skip
-        return task
+        plan, cost = self._plan(self.ctx, client)
+        k = self._task_count[client]
+        return Task(
+            self._next_task_id, client, k, base, plan, cost, self._timing(client, cost, k), self.now
+        )
 
     def dispatch(self, task: Task, *, execute: bool) -> Task:
         if task.task_id != self._next_task_id:
@@ -239,8 +267,28 @@ class Simulator:
         self.counters.bytes_down += task.cost.bytes_down
         self._in_flight[task.task_id] = task
         if execute:
-            self._pending.append(task)
+            self._pending[task.task_id] = task
         self.push(task.t_finish, _ARRIVAL, task)
+        return task
+
+    def start(self, client: int) -> Task:
+        """prepare + dispatch on the current model, inlined: one call per task."""
+        plan, cost = self._plan(self.ctx, client)
+        counts = self._task_count
+        k = counts[client]
+        counts[client] = k + 1
+        timing = self._timing(client, cost, k)
+        tid = self._next_task_id
+        self._next_task_id = tid + 1
+        now = self.now
+        task = Task(tid, client, k, self.model, plan, cost, timing, now)
+        self.counters.bytes_down += cost.bytes_down
+        self._in_flight[tid] = task
+        self._pending[tid] = task
+        t = now + (timing.down_s + timing.compute_s + timing.up_s)
+        heapq.heappush(self._heap, (t, self._seq, _ARRIVAL, task))
+        self._seq += 1
+        self._live_events += 1
         return task
 
     def cancel(self, task: Task) -> None:
@@ -249,6 +297,7 @@ class Simulator:
         task.cancelled = True
         del self._in_flight[task.task_id]
         self._results.pop(task.task_id, None)
+        self._pending.pop(task.task_id, None)  # never trained
         done = task.timing.compute_done_by(self.now - task.t_start)
         self.counters.compute_s_spent += done
         self.counters.compute_s_wasted += done
@@ -271,12 +320,15 @@ class Simulator:
         ctr = self.counters
         ctr.aggregations += 1
         ctr.updates_used += len(contributions)
+        participation, staleness, received = ctr.participation, ctr.staleness, ctr.weight_received
         for c in contributions:
-            ctr.participation[c.client] = ctr.participation.get(c.client, 0) + 1
-            stale = current - c.base_version
-            ctr.staleness[stale] = ctr.staleness.get(stale, 0) + 1
+            task = c.task
+            client = task.client
+            participation[client] = participation.get(client, 0) + 1
+            stale = current - task.base.version
+            staleness[stale] = staleness.get(stale, 0) + 1
             if c.weight is not None:
-                ctr.weight_received[c.client] = ctr.weight_received.get(c.client, 0.0) + c.weight
+                received[client] = received.get(client, 0.0) + c.weight
         k = self.eval_every_aggregations
         if k is not None and ctr.aggregations % k == 0:
             self._record(self.now)
@@ -289,9 +341,17 @@ class Simulator:
         return self.model
 
     def _flush(self) -> None:
+        """Execute every pending task in one executor batch.
+
+        Execution is lazy: it happens when an arriving task has no result yet, so
+        the executor sees every task dispatched since the last flush at once (large
+        vectorized batches even when a trigger dispatches one task per arrival),
+        and tasks cancelled or still in flight at the end are never trained.
+        """
         if not self._pending:
             return
-        batch, self._pending = self._pending, []
+        batch = list(self._pending.values())
+        self._pending = {}
         for contribution in self.executor.run(batch):
             self._results[contribution.task.task_id] = contribution
 
@@ -357,7 +417,8 @@ class Simulator:
         after the work in flight has been accounted for.
         """
         try:
-            self._loop()
+            with _quiet_gc():
+                self._loop()
         finally:
             self._settle_in_flight()
         self._record(self.now)
@@ -371,42 +432,49 @@ class Simulator:
         if dt is not None:
             self.push(dt, _EVAL, None)
         self.strategy.on_start(self.ctx)
-        self._flush()
+        # the loop runs once per event: everything it touches is bound to a local
+        heap, pop = self._heap, heapq.heappop
+        in_flight, results, counters = self._in_flight, self._results, self.counters
+        on_arrival, on_timer = self.strategy.on_arrival, self.strategy.on_timer
+        on_progress, ctx, flush = self.on_progress, self.ctx, self._flush
+        t_end = self.budget.virtual_time
         while self.stop_reason is None:
             if self._live_events == 0:
                 self.stop_reason = StopReason.IDLE
                 break
-            t, _, kind, payload = self._heap[0]
-            if self.budget.virtual_time is not None and t > self.budget.virtual_time:
-                self.now = self.budget.virtual_time
+            t, _, kind, payload = heap[0]
+            if t_end is not None and t > t_end:
+                self.now = t_end
                 self.stop_reason = StopReason.VIRTUAL_TIME
                 break
-            heapq.heappop(self._heap)
+            pop(heap)
             self.now = t
-            if kind != _EVAL:
-                self._live_events -= 1
             if kind == _ARRIVAL:
+                self._live_events -= 1
                 task: Task = payload
                 if task.cancelled:
                     continue
-                del self._in_flight[task.task_id]
+                del in_flight[task.task_id]
                 if not task.execute:
                     raise RuntimeError(
                         f"strategy {self.strategy.name!r} let a task dispatched with execute=False arrive"
                     )
-                contribution = self._results.pop(task.task_id)
-                self.counters.bytes_up += task.cost.bytes_up
-                self.counters.updates_received += 1
-                self.counters.compute_s_spent += task.timing.compute_s
-                self.strategy.on_arrival(self.ctx, contribution)
+                contribution = results.pop(task.task_id, None)
+                if contribution is None:  # not executed yet: run everything pending
+                    flush()
+                    contribution = results.pop(task.task_id)
+                counters.bytes_up += task.cost.bytes_up
+                counters.updates_received += 1
+                counters.compute_s_spent += task.timing.compute_s
+                on_arrival(ctx, contribution)
             elif kind == _TIMER:
-                self.strategy.on_timer(self.ctx, payload)
+                self._live_events -= 1
+                on_timer(ctx, payload)
             else:
                 self._record(t)
                 assert dt is not None
                 self.push(t + dt, _EVAL, None)
-            self._flush()
-            self.on_progress(self)
+            on_progress(self)
 
     def _settle_in_flight(self) -> None:
         """Work still in flight when the run stops is never aggregated: spent and wasted."""
@@ -416,3 +484,4 @@ class Simulator:
             self.counters.compute_s_wasted += done
         self._in_flight.clear()
         self._results.clear()
+        self._pending.clear()

@@ -96,6 +96,8 @@ class UpdateTimes:
         self._started[client] = t
 
     def observe(self, task: Task, now: float) -> None:
+        if self._profile is not None:
+            return
         self._sum[task.client] += now - task.t_start
         self._count[task.client] += 1
 
@@ -132,16 +134,16 @@ class WeightRule:
         self.buffer_size = buffer_size
 
     def __call__(self, ctx: Context, contributions: Sequence[Contribution]) -> np.ndarray:
-        clients = np.array([c.client for c in contributions], dtype=np.int64)
-        p = self.importance[clients]
         kind = self.kind
         if kind == "identical":
-            return identical_weights(len(clients))
-        if kind == "sync":
-            return p.copy()
+            return identical_weights(len(contributions))
         if kind == "fedbuff":
             assert self.buffer_size is not None
-            return fedbuff_weights(self.buffer_size, len(clients))
+            return fedbuff_weights(self.buffer_size, len(contributions))
+        clients = np.array([c.client for c in contributions], dtype=np.int64)
+        p = self.importance[clients]
+        if kind == "sync":
+            return p.copy()
         if kind == "participation":
             done = ctx.counters.participation
             counts = np.array([done.get(int(c), 0) + 1 for c in clients], dtype=np.float64)
@@ -279,6 +281,7 @@ class _AllClients:
         if concurrency is not None and concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.times = times
+        self._estimating = times.source == "estimated"
         self.concurrency = concurrency
         self._idle: list[int] = []  # clients not training (concurrency mode)
         self._where: list[int] = []  # position of each client in _idle, −1 if training
@@ -286,8 +289,9 @@ class _AllClients:
         self._rng: np.random.Generator | None = None
 
     def _start(self, ctx: Context, client: int) -> None:
-        ctx.dispatch(ctx.prepare(client))
-        self.times.started(client, ctx.now)
+        ctx.start(client)
+        if self._estimating:
+            self.times.started(client, ctx.now)
 
     def _start_all(self, ctx: Context) -> None:
         self.times.setup(ctx)
@@ -319,12 +323,13 @@ class _AllClients:
 
     def _restart(self, ctx: Context, client: int) -> None:
         """``client``'s update has been used: it (or, with a concurrency, a random idle client) starts."""
-        if self.concurrency is None:
-            self._start(ctx, client)
-            return
-        self._where[client] = len(self._idle)
-        self._idle.append(client)
-        self._start(ctx, self._take_idle())
+        if self.concurrency is not None:
+            self._where[client] = len(self._idle)
+            self._idle.append(client)
+            client = self._take_idle()
+        ctx.start(client)
+        if self._estimating:
+            self.times.started(client, ctx.now)
 
     def _commit_and_restart(self, ctx: Context, arrived: list[Contribution]) -> None:
         batch = sorted(arrived, key=lambda c: c.client)  # fixed sum order
@@ -356,7 +361,8 @@ class ArrivalBuffer(_AllClients):
         self._start_all(ctx)
 
     def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
-        self.times.observe(contribution.task, ctx.now)
+        if self._estimating:
+            self.times.observe(contribution.task, ctx.now)
         self._buffer.append(contribution)
         if self.concurrency is None:
             if len(self._buffer) >= self.buffer_size:

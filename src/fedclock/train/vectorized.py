@@ -1,8 +1,9 @@
 """The vectorized executor: many clients' local SGD in one pass with ``torch.func``.
 
-Tasks that start from the same model version with the same batch size are
-trained together: their parameters are stacked along a new leading "client"
-dimension and every SGD step runs ``vmap(grad(loss))`` over the clients
+Tasks with the same batch size are trained together, each from its own base
+model version (asynchronous strategies batch tasks on many stale versions; a
+block that shares one version expands it instead of stacking copies): their
+parameters are stacked along a new leading "client" dimension and every SGD step runs ``vmap(grad(loss))`` over the clients
 (``functional_call`` on the shared model), followed by one fused (``_foreach``)
 parameter update for the whole block. The result equals
 :class:`~fedclock.train.executor.SerialExecutor`'s to float tolerance:
@@ -32,9 +33,10 @@ W1 clients at once ran ≈ 1.3× slower than blocks of 20–25). On a GPU, where
 bigger blocks only fill the device better, the bound is ``CUDA_BLOCK_BYTES``
 (256 MiB) instead.
 
-A group of fewer than ``min_block`` tasks (by default: a lone task, as in asynchronous
-strategies that dispatch one task per arrival) runs through the serial code path, which is
-2–4× faster than ``vmap`` for a single client.
+A group of fewer than ``min_block`` tasks (by default: a lone task) runs through the serial
+code path, which is 2–4× faster than ``vmap`` for a single client. The simulator trains
+lazily (all tasks dispatched since the last arrival that needed a result, in one batch), so
+asynchronous strategies that dispatch one task per arrival still send large batches.
 
 Fallback to the serial executor, reported once per reason in the
 ``fedclock`` log: models with buffers (e.g. BatchNorm statistics, which the
@@ -209,14 +211,14 @@ class VectorizedExecutor:
 
     def run(self, tasks: Sequence[Task]) -> list[Contribution]:
         out: list[Contribution | None] = [None] * len(tasks)
-        groups: dict[tuple[int, int], list[int]] = {}
+        groups: dict[int, list[int]] = {}  # by batch size
         for i, task in enumerate(tasks):
             reason = self._why_serial(task)
             if reason is not None:
                 self._log_once(reason)
                 out[i] = self._serial_executor().run_one(task)
                 continue
-            groups.setdefault((id(task.base), task.plan.batch_size), []).append(i)
+            groups.setdefault(task.plan.batch_size, []).append(i)
         for members in groups.values():
             if len(members) < self.min_block:  # vmap's overhead does not pay for one client
                 for i in members:
@@ -279,6 +281,7 @@ class VectorizedExecutor:
 
     def _run_block(self, tasks: Sequence[Task]) -> list[Contribution]:
         base: ModelVersion = tasks[0].base
+        shared = all(t.base is base for t in tasks)
         n_clients = len(tasks)
         b = tasks[0].plan.batch_size
         steps = [t.plan.local_steps for t in tasks]  # non-increasing
@@ -295,8 +298,12 @@ class VectorizedExecutor:
             rows = rows.clamp(min=0)
 
         names = self._names
-        base_params = [base.params[n].to(self.device) for n in names]
-        params = [p.unsqueeze(0).expand(n_clients, *p.shape).clone() for p in base_params]
+        if shared:  # one snapshot: expand it
+            base_params = [base.params[n].to(self.device) for n in names]
+            params = [p.unsqueeze(0).expand(n_clients, *p.shape).clone() for p in base_params]
+        else:  # tasks on different (stale) versions: stack each task's own base
+            params = [torch.stack([t.base.params[n] for t in tasks]).to(self.device) for n in names]
+            base_params = [p.clone() for p in params]
         bufs = [torch.zeros_like(p) for p in params] if self.momentum else []
         loss_sum = torch.zeros(n_clients, dtype=torch.float64, device=self.device)
         lr, mu, wd = self.lr, self.momentum, self.weight_decay
@@ -328,7 +335,8 @@ class VectorizedExecutor:
             # each client's delta is its own tensor, not a view of the block: a contribution
             # that waits long for its arrival must not keep the whole block alive
             with torch.no_grad():
-                delta = torch._foreach_sub([p[j] for p in params], base_params)
+                ref = base_params if shared else [b[j] for b in base_params]
+                delta = torch._foreach_sub([p[j] for p in params], ref)
             out.append(
                 Contribution(
                     task=task,
