@@ -208,8 +208,8 @@ class StepAggregator:
         if not contributions:
             return base
         w = self.omega(ctx, base, contributions)
-        for c, wi in zip(contributions, w, strict=True):
-            c.weight = float(wi)
+        for c, wi in zip(contributions, w.tolist(), strict=True):
+            c.weight = wi
         if self.mix:  # FedAsync: θ_new − θ = θ_base + Δ − θ
             step = {name: _mixed(contributions, w, name, cur) for name, cur in base.params.items()}
         else:
@@ -284,7 +284,6 @@ class _AllClients:
         self._estimating = times.source == "estimated"
         self.concurrency = concurrency
         self._idle: list[int] = []  # clients not training (concurrency mode)
-        self._where: list[int] = []  # position of each client in _idle, −1 if training
         self._draws: list[float] = []
         self._rng: np.random.Generator | None = None
 
@@ -303,30 +302,32 @@ class _AllClients:
             return
         self._rng = ctx.rng("client-selection")
         self._idle = list(range(n))
-        self._where = list(range(n))
         for _ in range(self.concurrency):
             self._start(ctx, self._take_idle())
 
-    def _take_idle(self) -> int:
-        """Remove and return a client drawn uniformly from the idle ones."""
+    def _draw(self) -> float:
         if not self._draws:
             assert self._rng is not None
             self._draws = self._rng.random(4096).tolist()
-        idle, where = self._idle, self._where
-        i = int(self._draws.pop() * len(idle))
-        client, last = idle[i], idle[-1]
-        idle[i] = last
-        where[last] = i
+        return self._draws.pop()
+
+    def _take_idle(self) -> int:
+        """Remove and return a client drawn uniformly from the idle ones."""
+        idle = self._idle
+        i = int(self._draw() * len(idle))
+        client = idle[i]
+        idle[i] = idle[-1]
         idle.pop()
-        where[client] = -1
         return client
 
     def _restart(self, ctx: Context, client: int) -> None:
         """``client``'s update has been used: it (or, with a concurrency, a random idle client) starts."""
         if self.concurrency is not None:
-            self._where[client] = len(self._idle)
-            self._idle.append(client)
-            client = self._take_idle()
+            # ``client`` joins the idle ones and one of them, uniformly, takes its slot
+            idle = self._idle
+            i = int((self._draws.pop() if self._draws else self._draw()) * (len(idle) + 1))
+            if i < len(idle):
+                client, idle[i] = idle[i], client
         ctx.start(client)
         if self._estimating:
             self.times.started(client, ctx.now)

@@ -46,8 +46,10 @@ class LocalSGDPlanner:
         flops_per_sample: float,
         model_bytes: int,
     ) -> None:
+        # keyed by client data size, not by client: a population of 100k clients has
+        # few distinct sizes, so the cache does not grow with the population
         self._plans: dict[int, tuple[TaskPlan, TaskCost]] = {}
-        self._sizes = client_sizes
+        self._sizes = memoryview(np.ascontiguousarray(client_sizes, dtype=np.int64))  # type: ignore[arg-type]
         self._batch = batch_size
         self._epochs = local_epochs
         self._steps = local_steps
@@ -55,14 +57,14 @@ class LocalSGDPlanner:
         self._bytes = model_bytes
 
     def plan(self, ctx: Context, client: int) -> tuple[TaskPlan, TaskCost]:
-        cached = self._plans.get(client)
+        size = self._sizes[client]
+        cached = self._plans.get(size)
         if cached is None:
             plan = local_sgd_plan(
-                int(self._sizes[client]), self._batch,
-                local_epochs=self._epochs, local_steps=self._steps,
-            )  # fmt: skip
+                size, self._batch, local_epochs=self._epochs, local_steps=self._steps
+            )
             cost = TaskCost(
                 flops=plan.samples * self._flops, bytes_down=self._bytes, bytes_up=self._bytes
             )
-            cached = self._plans[client] = (plan, cost)
+            cached = self._plans[size] = (plan, cost)
         return cached
