@@ -211,6 +211,31 @@ def test_deadline_scenario_depths_shrink_with_t_max(tmp_path) -> None:
     assert accs[1e-9] == res.history[0]["test_accuracy"]
 
 
+@pytest.mark.parametrize("method", ["salf", "drop-stragglers"])
+def test_deadline_rounds_last_t_max_and_every_device_redraws(tmp_path, method: str) -> None:
+    free = {"population.up_bandwidth": "null", "population.down_bandwidth": "null"}
+    vanilla = run_experiment(
+        _cfg(**{"strategy.name": "vanilla", "budget.aggregations": 1, **free}),
+        run_dir=tmp_path / "v",
+    )
+    full = vanilla.history[1]["virtual_time"]  # one full task at nominal speed
+    rounds = 16
+    cfg = _cfg(**{"strategy.name": method, "salf.scenario": "deadline", "strategy.t_max": full,
+                  "salf.mode": "paper", "population.slowdown.kind": "lognormal",
+                  "population.slowdown.sigma": 1.0, "budget.aggregations": rounds, **free})  # fmt: skip
+    res = run_experiment(cfg, run_dir=tmp_path / "d")
+    times = [row["virtual_time"] for row in res.history[1:]]
+    # a round with a straggler closes at the deadline, whoever arrived earlier
+    assert times == pytest.approx([full * (r + 1) for r in range(rounds)])
+    # every user works every round: it sends something, or is cut at t_max
+    sm = res.summary
+    assert sm["updates_received"] + sm["updates_discarded"] == 8 * rounds
+    assert 0 < sm["updates_discarded"] < 8 * rounds
+    # fresh slowdown draws each round: users keep arriving in the second half
+    half = res.history[rounds // 2]["updates_received"]
+    assert res.history[-1]["updates_received"] - half >= rounds // 2
+
+
 def test_sweep_table_and_resume(tmp_path) -> None:
     from fedclock.sweep import parse_over, run_sweep
 

@@ -24,7 +24,7 @@ import torch
 
 from fedclock.devices.cost import TaskCost
 from fedclock.sim.simulator import Context
-from fedclock.sim.types import Contribution, ModelVersion, Params, TaskPlan
+from fedclock.sim.types import Contribution, ModelVersion, Params, Task, TaskPlan
 
 METHODS = ("vanilla", "drop-stragglers", "salf", "heterofl", "asyncfl")
 
@@ -315,14 +315,25 @@ class StragglerRounds:
     depth (streams ``("stragglers", ...)``, ``("depths", round)``: common to
     every method), then dispatches what the method asks of each user; the
     round closes when every dispatched task has arrived, with one aggregation.
+
+    Deadline scenario: the server sends the model to every user, and a user the
+    method gives nothing to send (SALF: not even the last layer fits; drop-stragglers:
+    any straggler) still works until t_max (SALF, drop-stragglers and HeteroFL; vanilla
+    has no deadline and AsyncFL's stale updates span rounds), so it gets a full task dispatched
+    without execution and cancelled at the deadline (its compute up to t_max is
+    spent and wasted; its device draws its next slowdown next round). A round in
+    which some user could not finish the full task closes at t_max, not earlier,
+    and a task still running then (a HeteroFL submodel too slow) is cut too.
     """
 
     def __init__(self, setup: RoundSetup) -> None:
         self.s = setup
         self.round = 0
         self._next: dict[int, tuple[TaskPlan, TaskCost]] = {}
-        self._outstanding: set[int] = set()
+        self._outstanding: dict[int, Task] = {}  # task id → task, this round
         self._arrived: list[Contribution] = []
+        self._cut: list[Task] = []  # deadline scenario: tasks cancelled at t_max
+        self._deadline: float | None = None  # when the current round closes, if at t_max
         # AsyncFL: client → (stale base, round at which it delivers)
         self._cycles: dict[int, tuple[ModelVersion, int, int]] = {}
 
@@ -393,7 +404,7 @@ class StragglerRounds:
         while True:
             depths = self.depths(ctx)
             self._dispatch_round(ctx, depths)
-            if self._outstanding or ctx.stopping:
+            if self._outstanding or self._deadline is not None or ctx.stopping:
                 return
             ctx.commit([])  # nobody computes anything this round: the model is kept
             self.round += 1
@@ -402,7 +413,10 @@ class StragglerRounds:
 
     def _dispatch_round(self, ctx: Context, depths: np.ndarray) -> None:
         s, L = self.s, self.s.units.count
-        self._arrived, self._outstanding = [], set()
+        self._arrived, self._outstanding, self._cut = [], {}, []
+        # vanilla has no deadline; AsyncFL's stale updates span rounds (see the docs)
+        deadline = s.scenario == "deadline" and s.method in ("salf", "drop-stragglers", "heterofl")
+        self._deadline = None
         full = s.full_plan
         for c in range(s.num_users):
             d = int(depths[c])
@@ -420,12 +434,18 @@ class StragglerRounds:
             elif s.method == "asyncfl":
                 plan, base = self._asyncfl(ctx, c, d, straggler)
             if plan is None:
+                if deadline:  # works until t_max, sends nothing
+                    self._cut.append(ctx.dispatch(ctx.prepare(c), execute=False))
                 continue
             self._next[c] = (plan, self.cost(plan))
             task = ctx.prepare(c, base=base)
             ctx.dispatch(task)
-            self._outstanding.add(task.task_id)
+            self._outstanding[task.task_id] = task
         self._next.clear()
+        if deadline and (self._cut or bool((depths > 1).any())):
+            assert s.t_max is not None
+            self._deadline = ctx.now + s.t_max
+            ctx.set_timer(self._deadline, ("deadline", self.round))
 
     def _asyncfl(
         self, ctx: Context, c: int, d: int, straggler: bool
@@ -445,16 +465,28 @@ class StragglerRounds:
         return self.s.full_plan, stale
 
     def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
-        self._outstanding.discard(contribution.task.task_id)
+        self._outstanding.pop(contribution.task.task_id, None)
         self._arrived.append(contribution)
-        if not self._outstanding:
-            ctx.commit(sorted(self._arrived, key=lambda c: c.client))
-            self.round += 1
-            if not ctx.stopping:
-                self._start_round(ctx)
+        if not self._outstanding and self._deadline is None:
+            self._close_round(ctx)
+
+    def _close_round(self, ctx: Context) -> None:
+        ctx.commit(sorted(self._arrived, key=lambda c: c.client))
+        self.round += 1
+        if not ctx.stopping:
+            self._start_round(ctx)
 
     def on_timer(self, ctx: Context, tag: Any) -> None:
-        return None
+        """The deadline of round ``tag[1]``: cut everyone still working, aggregate what arrived."""
+        if tag != ("deadline", self.round):
+            return
+        for task in self._cut:
+            ctx.cancel(task)
+        for task in self._outstanding.values():  # float round-off past t_max: late
+            ctx.cancel(task)
+        self._outstanding.clear()
+        self._deadline = None
+        self._close_round(ctx)
 
 
 def p_values(setup: RoundSetup, rule: str, population: Any = None) -> list[float]:
