@@ -292,3 +292,48 @@ def test_asyncfl_stragglers_participate_less(tmp_path) -> None:
     # 4 of 8 users are fixed stragglers: they deliver once per 2l ≥ 2 rounds
     assert parts[-4:] == [12] * 4
     assert all(p <= 6 for p in parts[:4])
+
+
+# ------------------------------------------------------------------ vectorized suffix tasks
+@pytest.mark.parametrize("arch", ["mlp", "cnn"])
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_vectorized_suffix_tasks_equal_the_serial_partial_executor(arch, momentum) -> None:
+    from dataclasses import replace
+
+    from fedclock.train.executor import snapshot
+    from fedclock.train.partial import PartialExecutor
+    from tests.test_vectorized import _assert_same, _data, _tasks
+
+    shape = (1, 8, 8)
+    kw = {"hidden": [16, 8]} if arch == "mlp" else {"channels": [4, 4], "fc_hidden": 8}
+    model = build_model(arch, input_shape=shape, num_classes=10, seed=3, **kw)
+    units = build_units(model, layer_view(model, shape), "paper")
+    L = units.count
+    sizes = [16, 20, 12, 18, 16, 30, 9]
+    data = _data(sizes, shape)
+    v0 = snapshot(model, 0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05)
+    v1 = snapshot(model, 1)
+    tasks = []
+    for c, t in enumerate(_tasks(v0, sizes, 8, steps=3)):
+        depth = None if c == 0 else 1 + c % L  # full, and every depth 2..L (L+1: no task)
+        tasks.append(replace(t, plan=replace(t.plan, depth=depth), base=v1 if c % 3 == 0 else v0))
+    opts = dict(seed=4, lr=0.1, momentum=momentum, weight_decay=1e-3, units=units)
+    serial = PartialExecutor(model, data, **opts).run(tasks)  # type: ignore[arg-type]
+    vec = PartialExecutor(model, data, vectorize=True, **opts)  # type: ignore[arg-type]
+    assert vec._vectorized is not None
+    _assert_same(serial, vec.run(tasks))
+    for c, t in zip(serial, tasks, strict=True):  # the frozen prefix sends nothing
+        d = t.plan.depth or 1
+        for name, delta in c.delta.items():
+            assert (units.of_param[name] >= d) == bool(delta.abs().sum() > 0)
+
+
+def test_salf_run_vectorized_matches_serial(tmp_path) -> None:
+    base = {"strategy.name": "salf", "salf.mode": "paper", "budget.aggregations": 4}
+    a = run_experiment(_cfg(**base, **{"executor.kind": "serial"}), run_dir=tmp_path / "s")
+    b = run_experiment(_cfg(**base), run_dir=tmp_path / "v")
+    for ra, rb in zip(a.history, b.history, strict=True):
+        assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=1e-4, abs=1e-5)

@@ -182,6 +182,8 @@ def run_experiment(
             weight_decay=cfg.train.weight_decay, device=device, mode=cfg.salf.mode,
             units=strategy.planner.s.units,
             persistent_momentum=cfg.salf.mode == "reference",
+            vectorize=cfg.executor.kind != "serial",
+            max_batch_clients=cfg.executor.max_batch_clients,
         )  # fmt: skip
     evaluator: Any = Evaluator(
         new_model(), ds.x_test, ds.y_test, batch_size=cfg.eval.batch_size, device=device

@@ -17,6 +17,12 @@ shrink with the depth; see the tests).
   every client persist across rounds (one optimizer per client for the run);
 - plan.width r → a HeteroFL submodel: the first ⌈r·C⌉ channels/neurons of
   every hidden layer, activations of hidden layers divided by r in training.
+
+In paper mode (no momentum carried across rounds, a model without buffers) full
+and layer-suffix tasks go to the vectorized executor, one block per depth: the
+suffix's parameters are stacked and trained with ``vmap(grad)``, the prefix is a
+frozen input, so the suffix-only backward is kept. Reference mode, HeteroFL
+submodels and ``executor.kind: serial`` run here, one task at a time.
 """
 
 from __future__ import annotations
@@ -87,6 +93,8 @@ class PartialExecutor(SerialExecutor):
         mode: str = "paper",
         units: Units,
         persistent_momentum: bool = False,
+        vectorize: bool = False,
+        max_batch_clients: int | None = None,
     ) -> None:
         super().__init__(
             model, data, seed=seed, lr=lr, momentum=momentum, weight_decay=weight_decay,
@@ -99,6 +107,35 @@ class PartialExecutor(SerialExecutor):
         names = [n for n, _ in model.named_parameters()]
         self._names = names
         self._hidden = [m for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d)][:-1]
+        # paper mode without persistent momentum: full and layer-suffix tasks are
+        # batched by the vectorized executor (grouped by depth), falling back to run_one
+        self._vectorized: Any = None
+        if (
+            vectorize
+            and mode == "paper"
+            and not persistent_momentum
+            and not any(True for _ in model.buffers())
+        ):
+            from fedclock.train.vectorized import VectorizedExecutor, unsupported_model_reason
+
+            if unsupported_model_reason(model) is None:
+                self._vectorized = VectorizedExecutor(
+                    model, data, seed=seed, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                    device=device, max_batch_clients=max_batch_clients,
+                    layer_of=units.of_param, serial=self,
+                )  # fmt: skip
+
+    def run(self, tasks: Sequence[Task]) -> list[Contribution]:
+        if self._vectorized is None:
+            return super().run(tasks)
+        out: dict[int, Contribution] = {}
+        batchable = [t for t in tasks if t.plan.width is None]
+        for c in self._vectorized.run(batchable):
+            out[c.task.task_id] = c
+        for t in tasks:
+            if t.plan.width is not None:
+                out[t.task_id] = self.run_one(t)
+        return [out[t.task_id] for t in tasks]
 
     # ---- SGD with torch.optim.SGD's semantics (dampening 0, no Nesterov), on chosen tensors
     def _step(
@@ -108,7 +145,8 @@ class PartialExecutor(SerialExecutor):
         grads: dict[str, torch.Tensor],
         views: dict[str, tuple[slice, ...]] | None = None,
     ) -> None:
-        bufs = self._momentum.setdefault(client, {}) if self.persistent_momentum else {}
+        # per client: kept across rounds (reference mode) or reset at each task's start and end
+        bufs = self._momentum.setdefault(client, {})
         with torch.no_grad():
             for n, g in grads.items():
                 p = params[n]

@@ -50,7 +50,7 @@ cannot batch yet).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -158,6 +158,8 @@ class VectorizedExecutor:
         max_batch_clients: int | None = None,
         block_bytes: int | None = None,
         min_block: int = 2,
+        layer_of: Mapping[str, int] | None = None,
+        serial: Any = None,
     ) -> None:
         if max_batch_clients is not None and max_batch_clients < 1:
             raise ValueError(
@@ -178,6 +180,11 @@ class VectorizedExecutor:
         self._x = data.x.to(self.device)
         self._y = data.y.to(self.device)
         self._names = [n for n, _ in model.named_parameters()]
+        # SALF layer-suffix tasks (plan.depth = d): parameter → its layer; only the
+        # parameters of layers ≥ d train, the others are frozen inputs of the loss
+        self._layer_of = layer_of
+        self._serial_fallback = serial  # run_one for lone or unbatchable tasks
+        self._split_steps: dict[tuple[bool, bool], Any] = {}
         self._reason = unsupported_model_reason(model)
         self._logged: set[str] = set()
         self._serial: SerialExecutor | None = None
@@ -196,6 +203,27 @@ class VectorizedExecutor:
         ce = F.cross_entropy(functional_call(self.model, params, (x,)), y, reduction="none")
         return (ce * w).sum()
 
+    def _loss_split(
+        self, params: Params, frozen: Params, x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
+        return F.cross_entropy(functional_call(self.model, {**frozen, **params}, (x,)), y)
+
+    def _loss_split_weighted(
+        self, params: Params, frozen: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ) -> torch.Tensor:
+        out = functional_call(self.model, {**frozen, **params}, (x,))
+        return (F.cross_entropy(out, y, reduction="none") * w).sum()
+
+    def _split_step(self, weighted: bool, frozen_shared: bool) -> Any:
+        """vmap(grad) over the trainable suffix only: the frozen prefix builds no backward."""
+        key = (weighted, frozen_shared)
+        step = self._split_steps.get(key)
+        if step is None:
+            f = self._loss_split_weighted if weighted else self._loss_split
+            dims = (0, None if frozen_shared else 0, 0, 0) + ((0,) if weighted else ())
+            step = self._split_steps[key] = vmap(grad_and_value(f), in_dims=dims)
+        return step
+
     # ------------------------------------------------------------ public
     def block_size(self, batch_size: int) -> int:
         """Clients per block for tasks with this batch size (``max_batch_clients`` or automatic)."""
@@ -211,14 +239,14 @@ class VectorizedExecutor:
 
     def run(self, tasks: Sequence[Task]) -> list[Contribution]:
         out: list[Contribution | None] = [None] * len(tasks)
-        groups: dict[int, list[int]] = {}  # by batch size
+        groups: dict[tuple[int, int], list[int]] = {}  # by batch size and SALF depth
         for i, task in enumerate(tasks):
             reason = self._why_serial(task)
             if reason is not None:
                 self._log_once(reason)
                 out[i] = self._serial_executor().run_one(task)
                 continue
-            groups.setdefault(task.plan.batch_size, []).append(i)
+            groups.setdefault((task.plan.batch_size, task.plan.depth or 1), []).append(i)
         for members in groups.values():
             if len(members) < self.min_block:  # vmap's overhead does not pay for one client
                 for i in members:
@@ -239,6 +267,10 @@ class VectorizedExecutor:
             return self._reason
         if type(task.plan) is not TaskPlan:
             return f"task plan type {type(task.plan).__name__} is not batched yet"
+        if task.plan.width is not None:
+            return "width-sliced (HeteroFL) tasks are not batched yet"
+        if task.plan.depth is not None and self._layer_of is None:
+            return "layer-suffix tasks need the model's layer map"
         return None
 
     def _log_once(self, reason: str) -> None:
@@ -246,7 +278,9 @@ class VectorizedExecutor:
             self._logged.add(reason)
             log.info("vectorized executor: running tasks serially because %s", reason)
 
-    def _serial_executor(self) -> SerialExecutor:
+    def _serial_executor(self) -> Any:
+        if self._serial_fallback is not None:
+            return self._serial_fallback
         if self._serial is None:
             self._serial = SerialExecutor(
                 self.model, self.data, seed=self.seed, lr=self.lr, momentum=self.momentum,
@@ -297,13 +331,23 @@ class VectorizedExecutor:
             ).to(base.params[self._names[0]].dtype)  # not the input dtype: tokens are int64
             rows = rows.clamp(min=0)
 
-        names = self._names
+        depth = tasks[0].plan.depth or 1
+        if depth > 1:  # SALF suffix: layers depth..L train, the prefix is frozen
+            assert self._layer_of is not None
+            names = [n for n in self._names if self._layer_of[n] >= depth]
+            fixed = [n for n in self._names if self._layer_of[n] < depth]
+        else:
+            names, fixed = self._names, []
         if shared:  # one snapshot: expand it
             base_params = [base.params[n].to(self.device) for n in names]
             params = [p.unsqueeze(0).expand(n_clients, *p.shape).clone() for p in base_params]
+            frozen = {n: base.params[n].to(self.device) for n in fixed}
         else:  # tasks on different (stale) versions: stack each task's own base
             params = [torch.stack([t.base.params[n] for t in tasks]).to(self.device) for n in names]
             base_params = [p.clone() for p in params]
+            frozen = {
+                n: torch.stack([t.base.params[n] for t in tasks]).to(self.device) for n in fixed
+            }
         bufs = [torch.zeros_like(p) for p in params] if self.momentum else []
         loss_sum = torch.zeros(n_clients, dtype=torch.float64, device=self.device)
         lr, mu, wd = self.lr, self.momentum, self.weight_decay
@@ -313,7 +357,12 @@ class VectorizedExecutor:
             r = rows[:k, s]
             p_k = params if k == n_clients else [p[:k] for p in params]
             state = dict(zip(names, p_k, strict=True))
-            if partial[s]:
+            if fixed:
+                fz = frozen if shared or k == n_clients else {n: v[:k] for n, v in frozen.items()}
+                step = self._split_step(partial[s], shared)
+                extra = (weights[:k, s],) if partial[s] else ()
+                grads, loss = step(state, fz, self._x[r], self._y[r], *extra)
+            elif partial[s]:
                 grads, loss = self._step_weighted(state, self._x[r], self._y[r], weights[:k, s])
             else:
                 grads, loss = self._step(state, self._x[r], self._y[r])
@@ -336,11 +385,18 @@ class VectorizedExecutor:
             # that waits long for its arrival must not keep the whole block alive
             with torch.no_grad():
                 ref = base_params if shared else [b[j] for b in base_params]
-                delta = torch._foreach_sub([p[j] for p in params], ref)
+                delta = dict(
+                    zip(names, torch._foreach_sub([p[j] for p in params], ref), strict=True)
+                )
+            if fixed:  # the frozen prefix is not sent: Δ = 0, in the model's order
+                delta = {
+                    n: delta[n] if n in delta else torch.zeros_like(task.base.params[n])
+                    for n in self._names
+                }
             out.append(
                 Contribution(
                     task=task,
-                    delta=dict(zip(names, delta, strict=True)),
+                    delta=delta,
                     buffers={},
                     num_samples=len(self.data.indices[task.client]),
                     train_loss=losses[j] / max(1, steps[j]),
