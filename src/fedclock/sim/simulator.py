@@ -58,8 +58,7 @@ def _quiet_gc() -> Iterator[None]:
     starts (the data, the model, torch's own) are frozen out of the collector and
     the first generation's threshold is raised; both are restored afterwards.
     """
-    gc.collect()
-    gc.freeze()
+    gc.freeze()  # (garbage among them is collected after the run, once unfrozen)
     old = gc.get_threshold()
     gc.set_threshold(max(old[0], 50_000), *old[1:])
     try:
