@@ -325,7 +325,7 @@ class _AllClients:
         if self.concurrency is not None:
             # ``client`` joins the idle ones and one of them, uniformly, takes its slot
             idle = self._idle
-            i = int((self._draws.pop() if self._draws else self._draw()) * (len(idle) + 1))
+            i = int(self._draw() * (len(idle) + 1))
             if i < len(idle):
                 client, idle[i] = idle[i], client
         ctx.start(client)
