@@ -281,6 +281,32 @@ def test_heterofl_full_width_equals_vanilla(tmp_path) -> None:
         assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=1e-5)
 
 
+def test_reference_drop_stragglers_drops_the_whole_fixed_set(tmp_path) -> None:
+    # reference mode: every member of the fixed set is dropped, including one that drew
+    # k = L_e tensors (depth 1) — the authors' code drops by membership, not by depth
+    rounds = 20
+    cfg = _cfg(**{"strategy.name": "drop-stragglers", "salf.mode": "reference",
+                  "population.straggler_ratio": 0.75, "budget.aggregations": rounds})  # fmt: skip
+    res = run_experiment(cfg, run_dir=tmp_path / "r")
+    assert res.summary["updates_used"] == 2 * rounds  # 8 users, round(0.75·8) = 6 dropped
+    # paper mode: a straggler that reached depth 1 finished in time and is kept
+    cfg = _cfg(**{"strategy.name": "drop-stragglers", "salf.mode": "paper",
+                  "population.straggler_ratio": 0.75, "budget.aggregations": rounds})  # fmt: skip
+    res = run_experiment(cfg, run_dir=tmp_path / "p")
+    assert res.summary["updates_used"] > 2 * rounds
+
+
+def test_reference_heterofl_shrinks_every_member_of_the_set(tmp_path) -> None:
+    cfg = _cfg(**{"strategy.name": "heterofl", "salf.mode": "reference",
+                  "population.straggler_ratio": 0.5, "budget.aggregations": 10})  # fmt: skip
+    res = run_experiment(cfg, run_dir=tmp_path / "h")
+    full = run_experiment(
+        _cfg(**{"strategy.name": "vanilla", "budget.aggregations": 10}), run_dir=tmp_path / "v"
+    )
+    # 4 of 8 users train the width-0.5 submodel every round: upload = (4 + 4·0.25)/8 of vanilla
+    assert res.summary["bytes_up"] == pytest.approx(full.summary["bytes_up"] * 5 / 8, rel=1e-6)
+
+
 def test_asyncfl_stragglers_participate_less(tmp_path) -> None:
     import csv
 

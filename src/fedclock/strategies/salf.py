@@ -336,6 +336,7 @@ class StragglerRounds:
         self._deadline: float | None = None  # when the current round closes, if at t_max
         # AsyncFL: client → (stale base, round at which it delivers)
         self._cycles: dict[int, tuple[ModelVersion, int, int]] = {}
+        self.stragglers = np.zeros(setup.num_users, dtype=bool)  # this round's, by depths()
 
     # ---- planner
     def cost(self, plan: TaskPlan) -> TaskCost:
@@ -361,10 +362,18 @@ class StragglerRounds:
 
     # ---- depth sources
     def depths(self, ctx: Context) -> np.ndarray:
-        """Depth per user this round (1 = full, L+1 = nothing)."""
+        """Depth per user this round (1 = full, L+1 = nothing); sets ``self.stragglers``.
+
+        Who is a straggler: in reference mode, the members of the fixed set, whatever
+        depth they draw (the authors' code drops, shrinks or delays every member — a
+        member that keeps all L_e tensors is still dropped by drop-stragglers); otherwise
+        the users with depth > 1 (a user that reached the input layer finished in time).
+        """
         s, L, U = self.s, self.s.units.count, self.s.num_users
         if s.scenario == "deadline":
-            return self._deadline_depths(ctx)
+            d = self._deadline_depths(ctx)
+            self.stragglers = d > 1
+            return d
         m = round(s.straggler_ratio * U)
         d = np.ones(U, dtype=np.int64)
         if s.mode == "reference":  # fixed straggler set, k uniform on {1..L} tensors
@@ -377,6 +386,11 @@ class StragglerRounds:
             stragglers = np.sort(ctx.rng("stragglers", self.round).choice(U, size=m, replace=False))
             draws = ctx.rng("depths", self.round).integers(1, L + 2, size=U)
         d[stragglers] = draws[stragglers]
+        if s.mode == "reference":
+            self.stragglers = np.zeros(U, dtype=bool)
+            self.stragglers[stragglers] = True
+        else:
+            self.stragglers = d > 1
         return d
 
     def _deadline_depths(self, ctx: Context) -> np.ndarray:
@@ -420,7 +434,7 @@ class StragglerRounds:
         full = s.full_plan
         for c in range(s.num_users):
             d = int(depths[c])
-            straggler = d > 1
+            straggler = bool(self.stragglers[c])
             base: ModelVersion | None = None
             plan: TaskPlan | None = full
             if s.method == "vanilla":
@@ -428,7 +442,7 @@ class StragglerRounds:
             elif s.method == "drop-stragglers":
                 plan = None if straggler else full
             elif s.method == "salf":
-                plan = None if d > L else (replace(full, depth=d) if straggler else full)
+                plan = None if d > L else (replace(full, depth=d) if d > 1 else full)
             elif s.method == "heterofl":
                 plan = replace(full, width=s.heterofl_rate) if straggler else full
             elif s.method == "asyncfl":
