@@ -186,8 +186,7 @@ class PartialExecutor(SerialExecutor):
         else:  # the authors train fully, then keep the last tensors
             suffix = list(self._names)
         idx = self.data.indices[task.client]
-        g = torch_generator(self.seed, "batches", task.client, task.base.version)
-        steps = batch_schedule(plan, len(idx), g)
+        steps = batch_schedule(self.seed, task, len(idx))
         if not self.persistent_momentum:
             self._momentum.pop(task.client, None)
         total = 0.0
@@ -226,8 +225,7 @@ class PartialExecutor(SerialExecutor):
         model.train()
         hooks = [m.register_forward_hook(_Scale(rate)) for m in self._hidden]
         idx = self.data.indices[task.client]
-        g = torch_generator(self.seed, "batches", task.client, task.base.version)
-        steps = batch_schedule(task.plan, len(idx), g)
+        steps = batch_schedule(self.seed, task, len(idx))
         if not self.persistent_momentum:
             self._momentum.pop(task.client, None)
         total = 0.0

@@ -10,7 +10,7 @@ parameter update for the whole block. The result equals
 
 - batch order: each client's batches come from its own stream
   ``("batches", client, base version)`` through the same
-  :func:`~fedclock.train.executor.batch_schedule`;
+  :func:`~fedclock.train.executor.batch_positions` (one vectorized call per block);
 - partial batches (the last batch of an epoch when B does not divide n) are
   padded to B with weight 0, and the loss is the mean over the real rows;
 - clients with fewer local steps (unequal sizes with fractional epochs, or a
@@ -53,14 +53,20 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedclock.rng import torch_generator
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task, TaskPlan
-from fedclock.train.executor import ClientData, SerialExecutor, batch_schedule
+from fedclock.train.executor import (
+    ClientData,
+    SerialExecutor,
+    batch_key,
+    batch_positions,
+    split_batches,
+)
 
 log = logging.getLogger("fedclock")
 
@@ -289,28 +295,34 @@ class VectorizedExecutor:
         return self._serial
 
     def _rows(self, tasks: Sequence[Task], steps: list[int], b: int) -> torch.Tensor:
-        """Global row of every (client, step, slot) of the block; −1 marks padding."""
+        """Global row of every (client, step, slot) of the block; −1 marks padding.
+
+        The batch positions of tasks with the same client size and step count are drawn in
+        one vectorized call (the same values as each task alone: ``batch_positions``).
+        """
         n_clients, n_steps = len(tasks), steps[0]
-        schedules = []
-        uniform = True  # every client: n_steps full batches (no padding)
-        for j, task in enumerate(tasks):
-            idx = self.data.indices[task.client]
-            g = torch_generator(self.seed, "batches", task.client, task.base.version)
-            schedule = batch_schedule(task.plan, len(idx), g)
-            flat = schedule[0] if len(schedule) == 1 else torch.cat(schedule) if schedule else idx
-            uniform = uniform and steps[j] == n_steps and flat.numel() == n_steps * b
-            schedules.append((idx, schedule, flat))
-        if uniform:
-            return torch.stack([idx[flat] for idx, _, flat in schedules]).view(
+        sizes = [len(self.data.indices[t.client]) for t in tasks]
+        groups: dict[tuple[int, int], list[int]] = {}
+        for j in range(n_clients):
+            groups.setdefault((sizes[j], steps[j]), []).append(j)
+        flat: list[torch.Tensor] = [torch.empty(0, dtype=torch.int64)] * n_clients
+        for (n, k), members in groups.items():
+            keys = np.array([batch_key(self.seed, tasks[j]) for j in members], dtype=np.uint64)
+            pos = torch.from_numpy(batch_positions(keys, n, k, b))
+            for r, j in enumerate(members):
+                flat[j] = pos[r]
+        idx = [self.data.indices[t.client] for t in tasks]
+        if len(groups) == 1 and flat[0].numel() == n_steps * b:  # no padding anywhere
+            return torch.stack([i[f] for i, f in zip(idx, flat, strict=True)]).view(
                 n_clients, n_steps, b
             )
         rows = torch.full((n_clients, n_steps, b), -1, dtype=torch.int64)
-        for j, (idx, schedule, flat) in enumerate(schedules):
-            if flat.numel() == steps[j] * b:
-                rows[j, : steps[j]] = idx[flat].view(steps[j], b)
+        for j in range(n_clients):
+            if flat[j].numel() == steps[j] * b:
+                rows[j, : steps[j]] = idx[j][flat[j]].view(steps[j], b)
             else:
-                for s, local in enumerate(schedule):
-                    rows[j, s, : len(local)] = idx[local]
+                for s, local in enumerate(split_batches(flat[j], sizes[j], steps[j], b)):
+                    rows[j, s, : len(local)] = idx[j][local]
         return rows
 
     def _run_block(self, tasks: Sequence[Task]) -> list[Contribution]:
