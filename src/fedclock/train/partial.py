@@ -18,11 +18,13 @@ shrink with the depth; see the tests).
 - plan.width r → a HeteroFL submodel: the first ⌈r·C⌉ channels/neurons of
   every hidden layer, activations of hidden layers divided by r in training.
 
-In paper mode (no momentum carried across rounds, a model without buffers) full
-and layer-suffix tasks go to the vectorized executor, one block per depth: the
-suffix's parameters are stacked and trained with ``vmap(grad)``, the prefix is a
-frozen input, so the suffix-only backward is kept. Reference mode, HeteroFL
-submodels and ``executor.kind: serial`` run here, one task at a time.
+For a model without buffers, full and layer-suffix tasks go to the vectorized
+executor. Paper mode: one block per depth, the suffix's parameters stacked and
+trained with ``vmap(grad)``, the prefix a frozen input, so the suffix-only
+backward is kept. Reference mode: every task trains fully, so depths share a
+block; the kept tensors are masked afterwards, and each client's momentum
+buffers are read into the block and written back. HeteroFL submodels, models
+with buffers (VGG) and ``executor.kind: serial`` run here, one task at a time.
 """
 
 from __future__ import annotations
@@ -107,22 +109,20 @@ class PartialExecutor(SerialExecutor):
         names = [n for n, _ in model.named_parameters()]
         self._names = names
         self._hidden = [m for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d)][:-1]
-        # paper mode without persistent momentum: full and layer-suffix tasks are
-        # batched by the vectorized executor (grouped by depth), falling back to run_one
+        # full and layer-suffix tasks are batched by the vectorized executor (paper mode:
+        # one block per depth; reference mode: full training, the kept tensors masked, the
+        # clients' momentum buffers read and written back), falling back to run_one
         self._vectorized: Any = None
-        if (
-            vectorize
-            and mode == "paper"
-            and not persistent_momentum
-            and not any(True for _ in model.buffers())
-        ):
+        if vectorize and not any(True for _ in model.buffers()):
             from fedclock.train.vectorized import VectorizedExecutor, unsupported_model_reason
 
             if unsupported_model_reason(model) is None:
                 self._vectorized = VectorizedExecutor(
                     model, data, seed=seed, lr=lr, momentum=momentum, weight_decay=weight_decay,
                     device=device, max_batch_clients=max_batch_clients,
-                    layer_of=units.of_param, serial=self,
+                    layer_of=units.of_param, keep_last=mode == "reference",
+                    momentum_store=self._momentum if persistent_momentum else None,
+                    serial=self,
                 )  # fmt: skip
 
     def run(self, tasks: Sequence[Task]) -> list[Contribution]:

@@ -165,6 +165,8 @@ class VectorizedExecutor:
         block_bytes: int | None = None,
         min_block: int = 2,
         layer_of: Mapping[str, int] | None = None,
+        keep_last: bool = False,
+        momentum_store: dict[int, dict[str, torch.Tensor]] | None = None,
         serial: Any = None,
     ) -> None:
         if max_batch_clients is not None and max_batch_clients < 1:
@@ -189,6 +191,12 @@ class VectorizedExecutor:
         # SALF layer-suffix tasks (plan.depth = d): parameter → its layer; only the
         # parameters of layers ≥ d train, the others are frozen inputs of the loss
         self._layer_of = layer_of
+        # SALF reference mode (the authors' code): a depth-d task trains every tensor, then
+        # keeps only tensors d..L_e (Δ = 0 below), so depths do not split blocks
+        self._keep_last = keep_last
+        # momentum buffers kept per client across tasks (reference mode), read at a block's
+        # start and written back at its end; None: every task starts from zero momentum
+        self._momentum_store = momentum_store
         self._serial_fallback = serial  # run_one for lone or unbatchable tasks
         self._split_steps: dict[tuple[bool, bool], Any] = {}
         self._reason = unsupported_model_reason(model)
@@ -252,7 +260,8 @@ class VectorizedExecutor:
                 self._log_once(reason)
                 out[i] = self._serial_executor().run_one(task)
                 continue
-            groups.setdefault((task.plan.batch_size, task.plan.depth or 1), []).append(i)
+            depth = 1 if self._keep_last else task.plan.depth or 1
+            groups.setdefault((task.plan.batch_size, depth), []).append(i)
         for members in groups.values():
             if len(members) < self.min_block:  # vmap's overhead does not pay for one client
                 for i in members:
@@ -343,7 +352,7 @@ class VectorizedExecutor:
             ).to(base.params[self._names[0]].dtype)  # not the input dtype: tokens are int64
             rows = rows.clamp(min=0)
 
-        depth = tasks[0].plan.depth or 1
+        depth = 1 if self._keep_last else tasks[0].plan.depth or 1
         if depth > 1:  # SALF suffix: layers depth..L train, the prefix is frozen
             assert self._layer_of is not None
             names = [n for n in self._names if self._layer_of[n] >= depth]
@@ -360,7 +369,19 @@ class VectorizedExecutor:
             frozen = {
                 n: torch.stack([t.base.params[n] for t in tasks]).to(self.device) for n in fixed
             }
-        bufs = [torch.zeros_like(p) for p in params] if self.momentum else []
+        store = self._momentum_store
+        if not self.momentum:
+            bufs: list[torch.Tensor] = []
+        elif store is None:
+            bufs = [torch.zeros_like(p) for p in params]
+        else:  # a client without a buffer yet starts from 0 (= torch.optim.SGD's first step)
+            bufs = [
+                torch.stack([
+                    store[t.client][n] if n in store.get(t.client, {}) else torch.zeros_like(p[0])
+                    for t in tasks
+                ])
+                for n, p in zip(names, params, strict=True)
+            ]  # fmt: skip
         loss_sum = torch.zeros(n_clients, dtype=torch.float64, device=self.device)
         lr, mu, wd = self.lr, self.momentum, self.weight_decay
 
@@ -391,6 +412,11 @@ class VectorizedExecutor:
                 loss_sum[:k] += loss.detach()
 
         losses = loss_sum.tolist()
+        if store is not None and bufs:
+            for j, task in enumerate(tasks):
+                kept = store.setdefault(task.client, {})
+                for n, m in zip(names, bufs, strict=True):
+                    kept[n] = m[j].clone()
         out = []
         for j, task in enumerate(tasks):
             # each client's delta is its own tensor, not a view of the block: a contribution
@@ -400,6 +426,13 @@ class VectorizedExecutor:
                 delta = dict(
                     zip(names, torch._foreach_sub([p[j] for p in params], ref), strict=True)
                 )
+            keep_from = task.plan.depth or 1
+            if self._keep_last and keep_from > 1:  # the authors keep tensors d..L_e only
+                assert self._layer_of is not None
+                delta = {
+                    n: d if self._layer_of[n] >= keep_from else torch.zeros_like(d)
+                    for n, d in delta.items()
+                }
             if fixed:  # the frozen prefix is not sent: Δ = 0, in the model's order
                 delta = {
                     n: delta[n] if n in delta else torch.zeros_like(task.base.params[n])
