@@ -50,7 +50,7 @@ cannot batch yet).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -144,6 +144,16 @@ def auto_max_batch_clients(
     return max(1, block_bytes // per_client)
 
 
+class Scale:
+    """HeteroFL's Scaler: a hidden module's output divided by the width rate in training."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+
+    def __call__(self, module: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
+        return output / self.rate
+
+
 class VectorizedExecutor:
     """Runs a batch of tasks as blocks of clients trained together (see the module docstring).
 
@@ -167,6 +177,8 @@ class VectorizedExecutor:
         layer_of: Mapping[str, int] | None = None,
         keep_last: bool = False,
         momentum_store: dict[int, dict[str, torch.Tensor]] | None = None,
+        width_views: Callable[[float], Mapping[str, tuple[slice, ...]]] | None = None,
+        scaled: Sequence[nn.Module] = (),
         serial: Any = None,
     ) -> None:
         if max_batch_clients is not None and max_batch_clients < 1:
@@ -197,6 +209,10 @@ class VectorizedExecutor:
         # momentum buffers kept per client across tasks (reference mode), read at a block's
         # start and written back at its end; None: every task starts from zero momentum
         self._momentum_store = momentum_store
+        # HeteroFL submodels (plan.width = r): the slice of every tensor a width-r client
+        # holds, and the modules whose outputs are divided by r in training (the Scaler)
+        self._width_views = width_views
+        self._scaled = tuple(scaled)
         self._serial_fallback = serial  # run_one for lone or unbatchable tasks
         self._split_steps: dict[tuple[bool, bool], Any] = {}
         self._reason = unsupported_model_reason(model)
@@ -253,7 +269,7 @@ class VectorizedExecutor:
 
     def run(self, tasks: Sequence[Task]) -> list[Contribution]:
         out: list[Contribution | None] = [None] * len(tasks)
-        groups: dict[tuple[int, int], list[int]] = {}  # by batch size and SALF depth
+        groups: dict[tuple[int, int, float | None], list[int]] = {}  # batch size, depth, width
         for i, task in enumerate(tasks):
             reason = self._why_serial(task)
             if reason is not None:
@@ -261,7 +277,7 @@ class VectorizedExecutor:
                 out[i] = self._serial_executor().run_one(task)
                 continue
             depth = 1 if self._keep_last else task.plan.depth or 1
-            groups.setdefault((task.plan.batch_size, depth), []).append(i)
+            groups.setdefault((task.plan.batch_size, depth, task.plan.width), []).append(i)
         for members in groups.values():
             if len(members) < self.min_block:  # vmap's overhead does not pay for one client
                 for i in members:
@@ -282,8 +298,8 @@ class VectorizedExecutor:
             return self._reason
         if type(task.plan) is not TaskPlan:
             return f"task plan type {type(task.plan).__name__} is not batched yet"
-        if task.plan.width is not None:
-            return "width-sliced (HeteroFL) tasks are not batched yet"
+        if task.plan.width is not None and self._width_views is None:
+            return "width-sliced (HeteroFL) tasks need the submodel's slices"
         if task.plan.depth is not None and self._layer_of is None:
             return "layer-suffix tasks need the model's layer map"
         return None
@@ -359,12 +375,21 @@ class VectorizedExecutor:
             fixed = [n for n in self._names if self._layer_of[n] < depth]
         else:
             names, fixed = self._names, []
+        rate = tasks[0].plan.width
+        views = self._width_views(rate) if rate is not None and self._width_views else None
+
+        def cut(t: torch.Tensor, n: str) -> torch.Tensor:  # a submodel's slice of a tensor
+            return t[views[n]] if views is not None else t
+
         if shared:  # one snapshot: expand it
-            base_params = [base.params[n].to(self.device) for n in names]
+            base_params = [cut(base.params[n], n).to(self.device) for n in names]
             params = [p.unsqueeze(0).expand(n_clients, *p.shape).clone() for p in base_params]
             frozen = {n: base.params[n].to(self.device) for n in fixed}
         else:  # tasks on different (stale) versions: stack each task's own base
-            params = [torch.stack([t.base.params[n] for t in tasks]).to(self.device) for n in names]
+            params = [
+                torch.stack([cut(t.base.params[n], n) for t in tasks]).to(self.device)
+                for n in names
+            ]
             base_params = [p.clone() for p in params]
             frozen = {
                 n: torch.stack([t.base.params[n] for t in tasks]).to(self.device) for n in fixed
@@ -377,26 +402,47 @@ class VectorizedExecutor:
         else:  # a client without a buffer yet starts from 0 (= torch.optim.SGD's first step)
             bufs = [
                 torch.stack([
-                    store[t.client][n] if n in store.get(t.client, {}) else torch.zeros_like(p[0])
+                    cut(store[t.client][n], n) if n in store.get(t.client, {})
+                    else torch.zeros_like(p[0])
                     for t in tasks
                 ])
                 for n, p in zip(names, params, strict=True)
             ]  # fmt: skip
         loss_sum = torch.zeros(n_clients, dtype=torch.float64, device=self.device)
-        lr, mu, wd = self.lr, self.momentum, self.weight_decay
 
+        scale = Scale(rate) if rate is not None else None
+        hooks = [m.register_forward_hook(scale) for m in self._scaled] if scale else []
+        try:
+            self._train_steps(
+                n_steps, active, rows, params, names, fixed, frozen, shared, partial,
+                weights if any(partial) else None, bufs, loss_sum, n_clients,
+            )  # fmt: skip
+        finally:
+            for h in hooks:
+                h.remove()
+        return self._contributions(tasks, names, fixed, params, base_params, shared, bufs,
+                                   loss_sum, steps, views)  # fmt: skip
+
+    def _train_steps(
+        self, n_steps: int, active: list[int], rows: torch.Tensor, params: list[torch.Tensor],
+        names: list[str], fixed: list[str], frozen: Params, shared: bool, partial: list[bool],
+        weights: torch.Tensor | None, bufs: list[torch.Tensor], loss_sum: torch.Tensor,
+        n_clients: int,
+    ) -> None:  # fmt: skip
+        lr, mu, wd = self.lr, self.momentum, self.weight_decay
         for s in range(n_steps):
             k = active[s]
             r = rows[:k, s]
             p_k = params if k == n_clients else [p[:k] for p in params]
             state = dict(zip(names, p_k, strict=True))
+            w_s = weights[:k, s] if partial[s] and weights is not None else None
             if fixed:
                 fz = frozen if shared or k == n_clients else {n: v[:k] for n, v in frozen.items()}
                 step = self._split_step(partial[s], shared)
-                extra = (weights[:k, s],) if partial[s] else ()
+                extra = (w_s,) if w_s is not None else ()
                 grads, loss = step(state, fz, self._x[r], self._y[r], *extra)
-            elif partial[s]:
-                grads, loss = self._step_weighted(state, self._x[r], self._y[r], weights[:k, s])
+            elif w_s is not None:
+                grads, loss = self._step_weighted(state, self._x[r], self._y[r], w_s)
             else:
                 grads, loss = self._step(state, self._x[r], self._y[r])
             g = [grads[n] for n in names]
@@ -411,12 +457,25 @@ class VectorizedExecutor:
                 torch._foreach_add_(p_k, g, alpha=-lr)
                 loss_sum[:k] += loss.detach()
 
+    def _contributions(
+        self, tasks: Sequence[Task], names: list[str], fixed: list[str],
+        params: list[torch.Tensor], base_params: list[torch.Tensor], shared: bool,
+        bufs: list[torch.Tensor], loss_sum: torch.Tensor, steps: list[int],
+        views: Mapping[str, tuple[slice, ...]] | None,
+    ) -> list[Contribution]:  # fmt: skip
         losses = loss_sum.tolist()
+        store = self._momentum_store
         if store is not None and bufs:
             for j, task in enumerate(tasks):
                 kept = store.setdefault(task.client, {})
                 for n, m in zip(names, bufs, strict=True):
-                    kept[n] = m[j].clone()
+                    if views is None:
+                        kept[n] = m[j].clone()
+                    else:  # a submodel's buffer lives in its slice of a full-shape one
+                        full = kept.get(n)
+                        if full is None:
+                            full = kept[n] = torch.zeros_like(task.base.params[n])
+                        full[views[n]] = m[j]
         out = []
         for j, task in enumerate(tasks):
             # each client's delta is its own tensor, not a view of the block: a contribution
@@ -426,6 +485,13 @@ class VectorizedExecutor:
                 delta = dict(
                     zip(names, torch._foreach_sub([p[j] for p in params], ref), strict=True)
                 )
+            if views is not None:  # a submodel's delta, zero outside its slice
+                full_delta = {}
+                for n, d in delta.items():
+                    fd = torch.zeros_like(task.base.params[n])
+                    fd[views[n]] = d
+                    full_delta[n] = fd
+                delta = full_delta
             keep_from = task.plan.depth or 1
             if self._keep_last and keep_from > 1:  # the authors keep tensors d..L_e only
                 assert self._layer_of is not None
