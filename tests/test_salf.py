@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import numpy as np
@@ -357,9 +358,104 @@ def test_vectorized_suffix_tasks_equal_the_serial_partial_executor(arch, momentu
             assert (units.of_param[name] >= d) == bool(delta.abs().sum() > 0)
 
 
-def test_salf_run_vectorized_matches_serial(tmp_path) -> None:
-    base = {"strategy.name": "salf", "salf.mode": "paper", "budget.aggregations": 4}
+@pytest.mark.parametrize("mode", ["paper", "reference"])
+def test_salf_run_vectorized_matches_serial(tmp_path, mode: str) -> None:
+    base = {"strategy.name": "salf", "salf.mode": mode, "budget.aggregations": 4,
+            "train.momentum": 0.5}  # fmt: skip
     a = run_experiment(_cfg(**base, **{"executor.kind": "serial"}), run_dir=tmp_path / "s")
     b = run_experiment(_cfg(**base), run_dir=tmp_path / "v")
     for ra, rb in zip(a.history, b.history, strict=True):
         assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["mlp", "cnn"])
+def test_vectorized_reference_tasks_equal_serial_with_persistent_momentum(arch) -> None:
+    """Reference mode: full training, tensors d..L_e kept, momentum kept per client across
+    tasks — three rounds, so the buffers carried from one round to the next matter."""
+    from dataclasses import replace
+
+    from fedclock.train.executor import snapshot
+    from fedclock.train.partial import PartialExecutor
+    from tests.test_vectorized import _assert_same, _data, _tasks
+
+    shape = (1, 8, 8)
+    kw = {"hidden": [16, 8]} if arch == "mlp" else {"channels": [4, 4], "fc_hidden": 8}
+    model = build_model(arch, input_shape=shape, num_classes=10, seed=3, **kw)
+    units = build_units(model, layer_view(model, shape), "reference")
+    L = units.count  # tensors
+    sizes = [16, 20, 12, 18, 16, 30, 9]
+    data = _data(sizes, shape)
+    opts = dict(seed=4, lr=0.1, momentum=0.5, weight_decay=0.0, units=units, mode="reference",
+                persistent_momentum=True)  # fmt: skip
+    # each executor trains its own copy, so the bases depend on the rounds only (a base
+    # reached through other training can put two max-pool inputs within 1e-7 of each other:
+    # vmap's and the serial kernels' round-off then route that gradient differently)
+    serial = PartialExecutor(copy.deepcopy(model), data, **opts)  # type: ignore[arg-type]
+    vec = PartialExecutor(copy.deepcopy(model), data, vectorize=True, **opts)  # type: ignore[arg-type]
+    assert vec._vectorized is not None
+    for r in range(3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * (r + 1))
+        base = snapshot(model, r)
+        tasks = []
+        for c, t in enumerate(_tasks(base, sizes, 8, steps=2)):
+            depth = None if c % 4 == 0 else 1 + (c + r) % L
+            tasks.append(replace(t, plan=replace(t.plan, depth=depth)))
+        a, b = serial.run(tasks), vec.run(tasks)
+        _assert_same(a, b)
+        for c, t in zip(a, tasks, strict=True):  # only tensors d..L_e are sent
+            d = t.plan.depth or 1
+            for name, delta in c.delta.items():
+                assert (units.of_param[name] >= d) == bool(delta.abs().sum() > 0)
+    for client, bufs in serial._momentum.items():  # the carried buffers agree too
+        for name, buf in bufs.items():
+            torch.testing.assert_close(vec._momentum[client][name], buf, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["mlp", "cnn"])
+@pytest.mark.parametrize("mode", ["paper", "reference"])
+def test_vectorized_heterofl_submodels_equal_serial(arch, mode) -> None:
+    """Width-0.5 submodel tasks (grouped by width) and full tasks, vectorized vs serial;
+    reference mode carries each client's momentum (a full-shape buffer, the submodel's slice
+    updated) across three rounds."""
+    from dataclasses import replace
+
+    from fedclock.train.executor import snapshot
+    from fedclock.train.partial import PartialExecutor
+    from tests.test_vectorized import _assert_same, _data, _tasks
+
+    shape = (1, 8, 8)
+    kw = {"hidden": [16, 8]} if arch == "mlp" else {"channels": [4, 4], "fc_hidden": 8}
+    model = build_model(arch, input_shape=shape, num_classes=10, seed=3, **kw)
+    units = build_units(model, layer_view(model, shape), mode)
+    sizes = [16, 20, 12, 18, 16, 30, 9]
+    data = _data(sizes, shape)
+    opts = dict(seed=4, lr=0.1, momentum=0.5, weight_decay=1e-3, units=units, mode=mode,
+                persistent_momentum=mode == "reference")  # fmt: skip
+    # each executor trains its own copy, so the bases depend on the rounds only (a base
+    # reached through other training can put two max-pool inputs within 1e-7 of each other:
+    # vmap's and the serial kernels' round-off then route that gradient differently)
+    serial = PartialExecutor(copy.deepcopy(model), data, **opts)  # type: ignore[arg-type]
+    vec = PartialExecutor(copy.deepcopy(model), data, vectorize=True, **opts)  # type: ignore[arg-type]
+    for r in range(3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * (r + 1))
+        base = snapshot(model, r)
+        tasks = [
+            replace(t, plan=replace(t.plan, width=0.5 if c % 3 else None))
+            for c, t in enumerate(_tasks(base, sizes, 8, steps=2))
+        ]
+        a, b = serial.run(tasks), vec.run(tasks)
+        _assert_same(a, b)
+        for c, t in zip(a, tasks, strict=True):  # a submodel sends nothing outside its slice
+            if t.plan.width is not None:
+                views = vec._width_views(0.5)
+                for name, delta in c.delta.items():
+                    outside = delta.clone()
+                    outside[views[name]] = 0
+                    assert not outside.any()
+    for client, bufs in serial._momentum.items():
+        for name, buf in bufs.items():
+            torch.testing.assert_close(vec._momentum[client][name], buf, atol=1e-5, rtol=1e-4)

@@ -367,3 +367,40 @@ def test_config_max_batch_clients_reaches_the_executor(tmp_path, monkeypatch):
     experiment.run_experiment(cfg, run_dir=tmp_path / "r")
     (ex,) = built
     assert isinstance(ex, VectorizedExecutor) and ex.max_batch_clients == 2
+
+
+# ------------------------------------------------------------------ batch order
+@given(st.integers(min_value=0, max_value=2**64 - 1))
+def test_splitmix64_array_equals_the_scalar_mixer(z: int) -> None:
+    from fedclock.rng import splitmix64, splitmix64_array
+
+    got = splitmix64_array(np.array([z, z ^ 1], dtype=np.uint64))
+    assert [int(v) for v in got] == [splitmix64(z), splitmix64(z ^ 1)]
+
+
+@given(
+    n=st.integers(min_value=1, max_value=40),
+    b=st.integers(min_value=1, max_value=12),
+    steps=st.integers(min_value=0, max_value=15),
+)
+def test_batch_positions_are_successive_shuffles(n: int, b: int, steps: int) -> None:
+    from fedclock.train.executor import batch_positions, split_batches
+
+    keys = np.array([3, 2**63 + 5, 77], dtype=np.uint64)
+    rows = batch_positions(keys, n, steps, b)
+    per_epoch = -(-n // b)
+    for r, key in enumerate(keys):
+        # vectorized over clients = each client alone
+        assert np.array_equal(rows[r], batch_positions(np.array([key]), n, steps, b)[0])
+        batches = split_batches(torch.from_numpy(rows[r]), n, steps, b)
+        assert len(batches) == steps
+        assert sum(len(x) for x in batches) == rows.shape[1]
+        # every full epoch is a permutation of 0..n−1; a cut epoch is a prefix of its own
+        # full permutation (the same order whether or not the epoch is finished)
+        for e in range(-(-steps // per_epoch)):
+            chunk = rows[r, e * n : (e + 1) * n]
+            full = batch_positions(np.array([key]), n, (e + 1) * per_epoch, b)[0, e * n :]
+            assert sorted(full.tolist()) == list(range(n))
+            assert np.array_equal(chunk, full[: len(chunk)])
+    if steps >= per_epoch and n > 3:  # different clients get different orders
+        assert not np.array_equal(rows[0, :n], rows[1, :n])

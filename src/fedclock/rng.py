@@ -42,6 +42,18 @@ def splitmix64_at(seed: int, position: int) -> int:
     return splitmix64((seed + position * 0x9E3779B97F4A7C15) & _M64)
 
 
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+
+
+def splitmix64_array(z: np.ndarray) -> np.ndarray:
+    """:func:`splitmix64` element-wise over a ``uint64`` array (arithmetic wraps mod 2⁶⁴)."""
+    with np.errstate(over="ignore"):
+        z = z + _GAMMA
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
 def counter_key(seed: int, purpose: str, *ids: int) -> int:
     """A 64-bit key for ``(seed, purpose, *ids)``; extend it with :func:`counter_uniform`."""
     key = 0

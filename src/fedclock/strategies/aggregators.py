@@ -25,13 +25,14 @@ def weighted_delta(
     contributions: Sequence[Contribution], weights: np.ndarray
 ) -> dict[str, torch.Tensor]:
     """Σ_i w_i Δ_i over the parameter tensors."""
-    out: dict[str, torch.Tensor] = {}
-    for name in contributions[0].delta:
-        acc = torch.zeros_like(contributions[0].delta[name])
-        for c, w in zip(contributions, weights, strict=True):
-            acc.add_(c.delta[name], alpha=float(w))
-        out[name] = acc
-    return out
+    names = list(contributions[0].delta)
+    if not names:
+        return {}
+    acc = [torch.zeros_like(contributions[0].delta[n]) for n in names]
+    with torch.no_grad():
+        for c, w in zip(contributions, weights, strict=True):  # one fused add per client
+            torch._foreach_add_(acc, [c.delta[n] for n in names], alpha=float(w))
+    return dict(zip(names, acc, strict=True))
 
 
 def average_buffers(

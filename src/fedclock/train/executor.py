@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedclock.rng import torch_generator
-from fedclock.sim.types import Contribution, ModelVersion, Params, Task, TaskPlan
+from fedclock.rng import counter_key, splitmix64_array
+from fedclock.sim.types import Contribution, ModelVersion, Params, Task
+
+_GAMMA_U64 = np.uint64(0x9E3779B97F4A7C15)
 
 if TYPE_CHECKING:
     from fedclock.train.vectorized import VectorizedExecutor
@@ -41,18 +43,57 @@ class ClientData:
         return np.array([len(i) for i in self.indices], dtype=np.int64)
 
 
-def batch_schedule(plan: TaskPlan, n: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """Local positions (0..n−1) of each step's batch: successive shuffles cut into ⌈n/B⌉ batches."""
-    b = plan.batch_size
+def batch_key(seed: int, task: Task) -> int:
+    """The key of a task's batch order: stream ``("batches", client, base version)``."""
+    return counter_key(seed, "batches", task.client, task.base.version)
+
+
+def batch_positions(keys: np.ndarray, n: int, steps: int, b: int) -> np.ndarray:
+    """Local positions (0..n−1) used by ``steps`` batches of ``b``, one row per key.
+
+    Epoch e of a client is the permutation that sorts SplitMix64 draws at positions
+    e·n … e·n+n−1 of the client's key (ties by position); successive epochs are cut into
+    ⌈n/b⌉ batches (the last one short when b ∤ n). Row r is the concatenation of the
+    batches of ``keys[r]``; vectorized over clients, and the same for one client alone.
+    """
     per_epoch = -(-n // b)
-    out: list[torch.Tensor] = []
-    perm = torch.empty(0, dtype=torch.int64)
-    for s in range(plan.local_steps):
-        pos = s % per_epoch
-        if pos == 0:
-            perm = torch.randperm(n, generator=generator)
-        out.append(perm[pos * b : (pos + 1) * b])
+    epochs, tail = divmod(steps, per_epoch)
+    out = []
+    pos = np.arange(n, dtype=np.uint64)
+    for e in range(epochs + (tail > 0)):
+        z = keys[:, None] + (pos + np.uint64(e * n))[None, :] * _GAMMA_U64
+        u = splitmix64_array(z)
+        take = n if e < epochs else min(n, tail * b)
+        if take == n:
+            out.append(np.argsort(u, axis=1, kind="stable"))
+        else:  # only the first `take` of the permutation: select, then order them
+            sel = np.sort(np.argpartition(u, take - 1, axis=1)[:, :take], axis=1)
+            order = np.argsort(np.take_along_axis(u, sel, axis=1), axis=1, kind="stable")
+            out.append(np.take_along_axis(sel, order, axis=1))
+    if not out:
+        return np.empty((len(keys), 0), dtype=np.int64)
+    return out[0] if len(out) == 1 else np.concatenate(out, axis=1)
+
+
+def split_batches(flat: torch.Tensor, n: int, steps: int, b: int) -> list[torch.Tensor]:
+    """Cut one client's :func:`batch_positions` row into its ``steps`` batches."""
+    per_epoch = -(-n // b)
+    out = []
+    start = 0
+    for s in range(steps):
+        size = b if s % per_epoch < per_epoch - 1 else n - (per_epoch - 1) * b
+        out.append(flat[start : start + size])
+        start += size
     return out
+
+
+def batch_schedule(seed: int, task: Task, n: int) -> list[torch.Tensor]:
+    """Local positions (0..n−1) of each step's batch of ``task`` on a client with n samples:
+    successive shuffles cut into ⌈n/B⌉ batches (see :func:`batch_positions`)."""
+    b, steps = task.plan.batch_size, task.plan.local_steps
+    keys = np.array([batch_key(seed, task)], dtype=np.uint64)
+    flat = torch.from_numpy(batch_positions(keys, n, steps, b)[0])
+    return split_batches(flat, n, steps, b)
 
 
 def load_version(model: nn.Module, version: ModelVersion) -> None:
@@ -108,9 +149,8 @@ class SerialExecutor:
             model.parameters(), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
         )
         idx = self.data.indices[task.client]
-        g = torch_generator(self.seed, "batches", task.client, task.base.version)
         total = 0.0
-        steps = batch_schedule(task.plan, len(idx), g)
+        steps = batch_schedule(self.seed, task, len(idx))
         for local in steps:
             rows = idx[local].to(self.device)
             loss = F.cross_entropy(model(self._x[rows]), self._y[rows])

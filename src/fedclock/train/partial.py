@@ -18,11 +18,15 @@ shrink with the depth; see the tests).
 - plan.width r → a HeteroFL submodel: the first ⌈r·C⌉ channels/neurons of
   every hidden layer, activations of hidden layers divided by r in training.
 
-In paper mode (no momentum carried across rounds, a model without buffers) full
-and layer-suffix tasks go to the vectorized executor, one block per depth: the
-suffix's parameters are stacked and trained with ``vmap(grad)``, the prefix is a
-frozen input, so the suffix-only backward is kept. Reference mode, HeteroFL
-submodels and ``executor.kind: serial`` run here, one task at a time.
+For a model without buffers, full and layer-suffix tasks go to the vectorized
+executor. Paper mode: one block per depth, the suffix's parameters stacked and
+trained with ``vmap(grad)``, the prefix a frozen input, so the suffix-only
+backward is kept. Reference mode: every task trains fully, so depths share a
+block; the kept tensors are masked afterwards, and each client's momentum
+buffers are read into the block and written back. HeteroFL submodels: one block
+per width, each client's slice of the base stacked, the Scaler hooked on the
+hidden modules during the block. Models with buffers (VGG) and
+``executor.kind: serial`` run here, one task at a time.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from fedclock.rng import torch_generator
 from fedclock.sim.types import Contribution, Params, Task
 from fedclock.strategies.salf import Units, width_shapes
 from fedclock.train.executor import ClientData, SerialExecutor, batch_schedule, load_version
+from fedclock.train.vectorized import Scale
 
 
 def suffix_grads(
@@ -67,14 +72,6 @@ def suffix_grads(
         for n, p in params.items():
             p.requires_grad_(saved[n])
     return dict(zip(names, grads, strict=True)), loss.detach()
-
-
-class _Scale:
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-
-    def __call__(self, module: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
-        return output / self.rate
 
 
 class PartialExecutor(SerialExecutor):
@@ -107,35 +104,39 @@ class PartialExecutor(SerialExecutor):
         names = [n for n, _ in model.named_parameters()]
         self._names = names
         self._hidden = [m for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d)][:-1]
-        # paper mode without persistent momentum: full and layer-suffix tasks are
-        # batched by the vectorized executor (grouped by depth), falling back to run_one
+        # full and layer-suffix tasks are batched by the vectorized executor (paper mode:
+        # one block per depth; reference mode: full training, the kept tensors masked, the
+        # clients' momentum buffers read and written back), falling back to run_one
         self._vectorized: Any = None
-        if (
-            vectorize
-            and mode == "paper"
-            and not persistent_momentum
-            and not any(True for _ in model.buffers())
-        ):
+        self._views: dict[float, dict[str, tuple[slice, ...]]] = {}
+        if vectorize and not any(True for _ in model.buffers()):
             from fedclock.train.vectorized import VectorizedExecutor, unsupported_model_reason
 
             if unsupported_model_reason(model) is None:
                 self._vectorized = VectorizedExecutor(
                     model, data, seed=seed, lr=lr, momentum=momentum, weight_decay=weight_decay,
                     device=device, max_batch_clients=max_batch_clients,
-                    layer_of=units.of_param, serial=self,
+                    layer_of=units.of_param, keep_last=mode == "reference",
+                    momentum_store=self._momentum if persistent_momentum else None,
+                    width_views=self._width_views, scaled=self._hidden, serial=self,
                 )  # fmt: skip
+
+    def _width_views(self, rate: float) -> dict[str, tuple[slice, ...]]:
+        """The slice of every parameter a width-``rate`` submodel holds (cached per rate)."""
+        views = self._views.get(rate)
+        if views is None:
+            shapes = [tuple(self.model.get_parameter(n).shape) for n in self._names]
+            keep = width_shapes(shapes, rate)
+            views = {
+                n: tuple(slice(0, k) for k in kp) for n, kp in zip(self._names, keep, strict=True)
+            }
+            self._views[rate] = views
+        return views
 
     def run(self, tasks: Sequence[Task]) -> list[Contribution]:
         if self._vectorized is None:
             return super().run(tasks)
-        out: dict[int, Contribution] = {}
-        batchable = [t for t in tasks if t.plan.width is None]
-        for c in self._vectorized.run(batchable):
-            out[c.task.task_id] = c
-        for t in tasks:
-            if t.plan.width is not None:
-                out[t.task_id] = self.run_one(t)
-        return [out[t.task_id] for t in tasks]
+        return list(self._vectorized.run(tasks))
 
     # ---- SGD with torch.optim.SGD's semantics (dampening 0, no Nesterov), on chosen tensors
     def _step(
@@ -186,8 +187,7 @@ class PartialExecutor(SerialExecutor):
         else:  # the authors train fully, then keep the last tensors
             suffix = list(self._names)
         idx = self.data.indices[task.client]
-        g = torch_generator(self.seed, "batches", task.client, task.base.version)
-        steps = batch_schedule(plan, len(idx), g)
+        steps = batch_schedule(self.seed, task, len(idx))
         if not self.persistent_momentum:
             self._momentum.pop(task.client, None)
         total = 0.0
@@ -215,19 +215,16 @@ class PartialExecutor(SerialExecutor):
         model = self.model
         rate = float(task.plan.width or 1.0)
         base = task.base.params
-        shapes = [tuple(base[n].shape) for n in self._names]
-        keep = width_shapes(shapes, rate)
-        views = {n: tuple(slice(0, k) for k in kp) for n, kp in zip(self._names, keep, strict=True)}
+        views = self._width_views(rate)
         sub = {
             n: base[n][views[n]].detach().clone().to(self.device).requires_grad_(True)
             for n in self._names
         }
         load_version(model, task.base)
         model.train()
-        hooks = [m.register_forward_hook(_Scale(rate)) for m in self._hidden]
+        hooks = [m.register_forward_hook(Scale(rate)) for m in self._hidden]
         idx = self.data.indices[task.client]
-        g = torch_generator(self.seed, "batches", task.client, task.base.version)
-        steps = batch_schedule(task.plan, len(idx), g)
+        steps = batch_schedule(self.seed, task, len(idx))
         if not self.persistent_momentum:
             self._momentum.pop(task.client, None)
         total = 0.0

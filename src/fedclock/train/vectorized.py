@@ -10,7 +10,7 @@ parameter update for the whole block. The result equals
 
 - batch order: each client's batches come from its own stream
   ``("batches", client, base version)`` through the same
-  :func:`~fedclock.train.executor.batch_schedule`;
+  :func:`~fedclock.train.executor.batch_positions` (one vectorized call per block);
 - partial batches (the last batch of an epoch when B does not divide n) are
   padded to B with weight 0, and the loss is the mean over the real rows;
 - clients with fewer local steps (unequal sizes with fractional epochs, or a
@@ -50,17 +50,23 @@ cannot batch yet).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedclock.rng import torch_generator
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task, TaskPlan
-from fedclock.train.executor import ClientData, SerialExecutor, batch_schedule
+from fedclock.train.executor import (
+    ClientData,
+    SerialExecutor,
+    batch_key,
+    batch_positions,
+    split_batches,
+)
 
 log = logging.getLogger("fedclock")
 
@@ -138,6 +144,16 @@ def auto_max_batch_clients(
     return max(1, block_bytes // per_client)
 
 
+class Scale:
+    """HeteroFL's Scaler: a hidden module's output divided by the width rate in training."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+
+    def __call__(self, module: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
+        return output / self.rate
+
+
 class VectorizedExecutor:
     """Runs a batch of tasks as blocks of clients trained together (see the module docstring).
 
@@ -159,6 +175,10 @@ class VectorizedExecutor:
         block_bytes: int | None = None,
         min_block: int = 2,
         layer_of: Mapping[str, int] | None = None,
+        keep_last: bool = False,
+        momentum_store: dict[int, dict[str, torch.Tensor]] | None = None,
+        width_views: Callable[[float], Mapping[str, tuple[slice, ...]]] | None = None,
+        scaled: Sequence[nn.Module] = (),
         serial: Any = None,
     ) -> None:
         if max_batch_clients is not None and max_batch_clients < 1:
@@ -183,6 +203,16 @@ class VectorizedExecutor:
         # SALF layer-suffix tasks (plan.depth = d): parameter → its layer; only the
         # parameters of layers ≥ d train, the others are frozen inputs of the loss
         self._layer_of = layer_of
+        # SALF reference mode (the authors' code): a depth-d task trains every tensor, then
+        # keeps only tensors d..L_e (Δ = 0 below), so depths do not split blocks
+        self._keep_last = keep_last
+        # momentum buffers kept per client across tasks (reference mode), read at a block's
+        # start and written back at its end; None: every task starts from zero momentum
+        self._momentum_store = momentum_store
+        # HeteroFL submodels (plan.width = r): the slice of every tensor a width-r client
+        # holds, and the modules whose outputs are divided by r in training (the Scaler)
+        self._width_views = width_views
+        self._scaled = tuple(scaled)
         self._serial_fallback = serial  # run_one for lone or unbatchable tasks
         self._split_steps: dict[tuple[bool, bool], Any] = {}
         self._reason = unsupported_model_reason(model)
@@ -239,14 +269,15 @@ class VectorizedExecutor:
 
     def run(self, tasks: Sequence[Task]) -> list[Contribution]:
         out: list[Contribution | None] = [None] * len(tasks)
-        groups: dict[tuple[int, int], list[int]] = {}  # by batch size and SALF depth
+        groups: dict[tuple[int, int, float | None], list[int]] = {}  # batch size, depth, width
         for i, task in enumerate(tasks):
             reason = self._why_serial(task)
             if reason is not None:
                 self._log_once(reason)
                 out[i] = self._serial_executor().run_one(task)
                 continue
-            groups.setdefault((task.plan.batch_size, task.plan.depth or 1), []).append(i)
+            depth = 1 if self._keep_last else task.plan.depth or 1
+            groups.setdefault((task.plan.batch_size, depth, task.plan.width), []).append(i)
         for members in groups.values():
             if len(members) < self.min_block:  # vmap's overhead does not pay for one client
                 for i in members:
@@ -267,8 +298,8 @@ class VectorizedExecutor:
             return self._reason
         if type(task.plan) is not TaskPlan:
             return f"task plan type {type(task.plan).__name__} is not batched yet"
-        if task.plan.width is not None:
-            return "width-sliced (HeteroFL) tasks are not batched yet"
+        if task.plan.width is not None and self._width_views is None:
+            return "width-sliced (HeteroFL) tasks need the submodel's slices"
         if task.plan.depth is not None and self._layer_of is None:
             return "layer-suffix tasks need the model's layer map"
         return None
@@ -289,28 +320,34 @@ class VectorizedExecutor:
         return self._serial
 
     def _rows(self, tasks: Sequence[Task], steps: list[int], b: int) -> torch.Tensor:
-        """Global row of every (client, step, slot) of the block; −1 marks padding."""
+        """Global row of every (client, step, slot) of the block; −1 marks padding.
+
+        The batch positions of tasks with the same client size and step count are drawn in
+        one vectorized call (the same values as each task alone: ``batch_positions``).
+        """
         n_clients, n_steps = len(tasks), steps[0]
-        schedules = []
-        uniform = True  # every client: n_steps full batches (no padding)
-        for j, task in enumerate(tasks):
-            idx = self.data.indices[task.client]
-            g = torch_generator(self.seed, "batches", task.client, task.base.version)
-            schedule = batch_schedule(task.plan, len(idx), g)
-            flat = schedule[0] if len(schedule) == 1 else torch.cat(schedule) if schedule else idx
-            uniform = uniform and steps[j] == n_steps and flat.numel() == n_steps * b
-            schedules.append((idx, schedule, flat))
-        if uniform:
-            return torch.stack([idx[flat] for idx, _, flat in schedules]).view(
+        sizes = [len(self.data.indices[t.client]) for t in tasks]
+        groups: dict[tuple[int, int], list[int]] = {}
+        for j in range(n_clients):
+            groups.setdefault((sizes[j], steps[j]), []).append(j)
+        flat: list[torch.Tensor] = [torch.empty(0, dtype=torch.int64)] * n_clients
+        for (n, k), members in groups.items():
+            keys = np.array([batch_key(self.seed, tasks[j]) for j in members], dtype=np.uint64)
+            pos = torch.from_numpy(batch_positions(keys, n, k, b))
+            for r, j in enumerate(members):
+                flat[j] = pos[r]
+        idx = [self.data.indices[t.client] for t in tasks]
+        if len(groups) == 1 and flat[0].numel() == n_steps * b:  # no padding anywhere
+            return torch.stack([i[f] for i, f in zip(idx, flat, strict=True)]).view(
                 n_clients, n_steps, b
             )
         rows = torch.full((n_clients, n_steps, b), -1, dtype=torch.int64)
-        for j, (idx, schedule, flat) in enumerate(schedules):
-            if flat.numel() == steps[j] * b:
-                rows[j, : steps[j]] = idx[flat].view(steps[j], b)
+        for j in range(n_clients):
+            if flat[j].numel() == steps[j] * b:
+                rows[j, : steps[j]] = idx[j][flat[j]].view(steps[j], b)
             else:
-                for s, local in enumerate(schedule):
-                    rows[j, s, : len(local)] = idx[local]
+                for s, local in enumerate(split_batches(flat[j], sizes[j], steps[j], b)):
+                    rows[j, s, : len(local)] = idx[j][local]
         return rows
 
     def _run_block(self, tasks: Sequence[Task]) -> list[Contribution]:
@@ -331,39 +368,81 @@ class VectorizedExecutor:
             ).to(base.params[self._names[0]].dtype)  # not the input dtype: tokens are int64
             rows = rows.clamp(min=0)
 
-        depth = tasks[0].plan.depth or 1
+        depth = 1 if self._keep_last else tasks[0].plan.depth or 1
         if depth > 1:  # SALF suffix: layers depth..L train, the prefix is frozen
             assert self._layer_of is not None
             names = [n for n in self._names if self._layer_of[n] >= depth]
             fixed = [n for n in self._names if self._layer_of[n] < depth]
         else:
             names, fixed = self._names, []
+        rate = tasks[0].plan.width
+        views = self._width_views(rate) if rate is not None and self._width_views else None
+
+        def cut(t: torch.Tensor, n: str) -> torch.Tensor:  # a submodel's slice of a tensor
+            return t[views[n]] if views is not None else t
+
         if shared:  # one snapshot: expand it
-            base_params = [base.params[n].to(self.device) for n in names]
+            base_params = [cut(base.params[n], n).to(self.device) for n in names]
             params = [p.unsqueeze(0).expand(n_clients, *p.shape).clone() for p in base_params]
             frozen = {n: base.params[n].to(self.device) for n in fixed}
         else:  # tasks on different (stale) versions: stack each task's own base
-            params = [torch.stack([t.base.params[n] for t in tasks]).to(self.device) for n in names]
+            params = [
+                torch.stack([cut(t.base.params[n], n) for t in tasks]).to(self.device)
+                for n in names
+            ]
             base_params = [p.clone() for p in params]
             frozen = {
                 n: torch.stack([t.base.params[n] for t in tasks]).to(self.device) for n in fixed
             }
-        bufs = [torch.zeros_like(p) for p in params] if self.momentum else []
+        store = self._momentum_store
+        if not self.momentum:
+            bufs: list[torch.Tensor] = []
+        elif store is None:
+            bufs = [torch.zeros_like(p) for p in params]
+        else:  # a client without a buffer yet starts from 0 (= torch.optim.SGD's first step)
+            bufs = [
+                torch.stack([
+                    cut(store[t.client][n], n) if n in store.get(t.client, {})
+                    else torch.zeros_like(p[0])
+                    for t in tasks
+                ])
+                for n, p in zip(names, params, strict=True)
+            ]  # fmt: skip
         loss_sum = torch.zeros(n_clients, dtype=torch.float64, device=self.device)
-        lr, mu, wd = self.lr, self.momentum, self.weight_decay
 
+        scale = Scale(rate) if rate is not None else None
+        hooks = [m.register_forward_hook(scale) for m in self._scaled] if scale else []
+        try:
+            self._train_steps(
+                n_steps, active, rows, params, names, fixed, frozen, shared, partial,
+                weights if any(partial) else None, bufs, loss_sum, n_clients,
+            )  # fmt: skip
+        finally:
+            for h in hooks:
+                h.remove()
+        return self._contributions(tasks, names, fixed, params, base_params, shared, bufs,
+                                   loss_sum, steps, views)  # fmt: skip
+
+    def _train_steps(
+        self, n_steps: int, active: list[int], rows: torch.Tensor, params: list[torch.Tensor],
+        names: list[str], fixed: list[str], frozen: Params, shared: bool, partial: list[bool],
+        weights: torch.Tensor | None, bufs: list[torch.Tensor], loss_sum: torch.Tensor,
+        n_clients: int,
+    ) -> None:  # fmt: skip
+        lr, mu, wd = self.lr, self.momentum, self.weight_decay
         for s in range(n_steps):
             k = active[s]
             r = rows[:k, s]
             p_k = params if k == n_clients else [p[:k] for p in params]
             state = dict(zip(names, p_k, strict=True))
+            w_s = weights[:k, s] if partial[s] and weights is not None else None
             if fixed:
                 fz = frozen if shared or k == n_clients else {n: v[:k] for n, v in frozen.items()}
                 step = self._split_step(partial[s], shared)
-                extra = (weights[:k, s],) if partial[s] else ()
+                extra = (w_s,) if w_s is not None else ()
                 grads, loss = step(state, fz, self._x[r], self._y[r], *extra)
-            elif partial[s]:
-                grads, loss = self._step_weighted(state, self._x[r], self._y[r], weights[:k, s])
+            elif w_s is not None:
+                grads, loss = self._step_weighted(state, self._x[r], self._y[r], w_s)
             else:
                 grads, loss = self._step(state, self._x[r], self._y[r])
             g = [grads[n] for n in names]
@@ -378,7 +457,25 @@ class VectorizedExecutor:
                 torch._foreach_add_(p_k, g, alpha=-lr)
                 loss_sum[:k] += loss.detach()
 
+    def _contributions(
+        self, tasks: Sequence[Task], names: list[str], fixed: list[str],
+        params: list[torch.Tensor], base_params: list[torch.Tensor], shared: bool,
+        bufs: list[torch.Tensor], loss_sum: torch.Tensor, steps: list[int],
+        views: Mapping[str, tuple[slice, ...]] | None,
+    ) -> list[Contribution]:  # fmt: skip
         losses = loss_sum.tolist()
+        store = self._momentum_store
+        if store is not None and bufs:
+            for j, task in enumerate(tasks):
+                kept = store.setdefault(task.client, {})
+                for n, m in zip(names, bufs, strict=True):
+                    if views is None:
+                        kept[n] = m[j].clone()
+                    else:  # a submodel's buffer lives in its slice of a full-shape one
+                        full = kept.get(n)
+                        if full is None:
+                            full = kept[n] = torch.zeros_like(task.base.params[n])
+                        full[views[n]] = m[j]
         out = []
         for j, task in enumerate(tasks):
             # each client's delta is its own tensor, not a view of the block: a contribution
@@ -388,6 +485,20 @@ class VectorizedExecutor:
                 delta = dict(
                     zip(names, torch._foreach_sub([p[j] for p in params], ref), strict=True)
                 )
+            if views is not None:  # a submodel's delta, zero outside its slice
+                full_delta = {}
+                for n, d in delta.items():
+                    fd = torch.zeros_like(task.base.params[n])
+                    fd[views[n]] = d
+                    full_delta[n] = fd
+                delta = full_delta
+            keep_from = task.plan.depth or 1
+            if self._keep_last and keep_from > 1:  # the authors keep tensors d..L_e only
+                assert self._layer_of is not None
+                delta = {
+                    n: d if self._layer_of[n] >= keep_from else torch.zeros_like(d)
+                    for n, d in delta.items()
+                }
             if fixed:  # the frozen prefix is not sent: Δ = 0, in the model's order
                 delta = {
                     n: delta[n] if n in delta else torch.zeros_like(task.base.params[n])
