@@ -33,6 +33,13 @@ W1 clients at once ran ≈ 1.3× slower than blocks of 20–25). On a GPU, where
 bigger blocks only fill the device better, the bound is ``CUDA_BLOCK_BYTES``
 (256 MiB) instead.
 
+The SALF family (via :class:`~fedclock.train.partial.PartialExecutor`): layer-suffix
+tasks group by depth (``layer_of``: the prefix is a frozen input); reference-mode tasks
+train fully and keep tensors d..L_e (``keep_last``), with each client's momentum buffers
+read from and written back to ``momentum_store``; HeteroFL submodel tasks group by width
+(``width_views``: each client's slice of its base is stacked, the ``scaled`` modules'
+outputs are divided by r during the block, deltas are full-shape with zeros outside).
+
 A group of fewer than ``min_block`` tasks (by default: a lone task) runs through the serial
 code path, which is 2–4× faster than ``vmap`` for a single client. The simulator trains
 lazily (all tasks dispatched since the last arrival that needed a result, in one batch), so
