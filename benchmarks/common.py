@@ -75,8 +75,21 @@ def mlp(hidden: Sequence[int], seed: int = 0) -> nn.Module:
 CLOCK: Callable[[], float] = time.perf_counter
 
 
+# The device every training runner uses (the runner's --device): CPU by default; on CUDA the
+# data, models and evaluation live on the GPU, and every timed round ends with a read of the
+# test metrics, which synchronises the device.
+DEVICE = torch.device("cpu")
+
+
 def clock() -> float:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
     return CLOCK()
+
+
+def on_device(d: Data) -> Data:
+    """``d`` with its tensors on :data:`DEVICE` (the client index arrays stay numpy)."""
+    return Data(d.x.to(DEVICE), d.y.to(DEVICE), d.x_test.to(DEVICE), d.y_test.to(DEVICE), d.parts)
 
 
 def median(xs: Sequence[float]) -> float:
@@ -95,8 +108,11 @@ def machine() -> dict[str, object]:
         pass
     import os
 
+    gpu = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else None
     return {
         "cpu": cpu,
+        "device": str(DEVICE),
+        "gpu": gpu,
         "nproc": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -165,12 +181,14 @@ def run_fedclock(
     strategy = Strategy("fedavg", planner, SyncRounds(), FedAvgAggregator())
     ex: SerialExecutor | VectorizedExecutor
     if executor == "serial":
-        ex = SerialExecutor(model, data, seed=seed, lr=setup.lr)
+        ex = SerialExecutor(model, data, seed=seed, lr=setup.lr, device=DEVICE)
     else:
         ex = VectorizedExecutor(
-            model, data, seed=seed, lr=setup.lr, max_batch_clients=max_batch_clients
+            model, data, seed=seed, lr=setup.lr, max_batch_clients=max_batch_clients, device=DEVICE
         )
-    evaluator = Evaluator(mlp(setup.hidden, seed), d.x_test, d.y_test, batch_size=len(d.y_test))
+    evaluator = Evaluator(
+        mlp(setup.hidden, seed), d.x_test, d.y_test, batch_size=len(d.y_test), device=DEVICE
+    )
     times: list[float] = []
     sim = Simulator(
         strategy=strategy, executor=ex, population=population, initial=snapshot(model, 0),
@@ -199,15 +217,15 @@ def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float
 
 def run_plain_serial(setup: FedAvgSetup, *, seed: int = 0) -> float:
     """A plain serial loop: one working model, each client in turn, torch.optim.SGD; s/round."""
-    d = setup.data
-    model = mlp(setup.hidden, seed)
-    eval_model = mlp(setup.hidden, seed)
+    d = on_device(setup.data)
+    model = mlp(setup.hidden, seed).to(DEVICE)
+    eval_model = mlp(setup.hidden, seed).to(DEVICE)
     params = list(model.parameters())
     global_params = [p.detach().clone() for p in params]
     sizes = d.sizes
     weights = [n / sum(sizes) for n in sizes]
-    parts = [torch.as_tensor(p) for p in d.parts]
-    gen = torch.Generator().manual_seed(seed)
+    parts = [torch.as_tensor(p, device=DEVICE) for p in d.parts]
+    gen = torch.Generator(DEVICE).manual_seed(seed)
     times: list[float] = []
     for _ in range(setup.rounds):
         new = [torch.zeros_like(p) for p in global_params]
@@ -222,7 +240,7 @@ def run_plain_serial(setup: FedAvgSetup, *, seed: int = 0) -> float:
             perm = idx
             for s in range(setup.steps_for(n)):
                 if s % per_epoch == 0:
-                    perm = idx[torch.randperm(n, generator=gen)]
+                    perm = idx[torch.randperm(n, generator=gen, device=DEVICE)]
                 rows = perm[(s % per_epoch) * b : (s % per_epoch + 1) * b]
                 loss = F.cross_entropy(model(d.x[rows]), d.y[rows])
                 opt.zero_grad(set_to_none=True)
@@ -246,8 +264,8 @@ def run_floor(setup: FedAvgSetup, *, block: int, seed: int = 0) -> float:
     the block's weighted sum folded into the new global model with one matrix product per
     tensor. Every client has the same size here, so there is no padding or masking.
     """
-    d = setup.data
-    model = mlp(setup.hidden, seed)
+    d = on_device(setup.data)
+    model = mlp(setup.hidden, seed).to(DEVICE)
     names = [n for n, _ in model.named_parameters()]
     global_params = [p.detach().clone() for p in model.parameters()]
 
@@ -262,9 +280,9 @@ def run_floor(setup: FedAvgSetup, *, block: int, seed: int = 0) -> float:
     per_epoch = -(-n // b)
     epochs = -(-steps // per_epoch)
     assert steps * b <= n or n % b == 0, "the floor assumes full batches"
-    parts = torch.as_tensor(np.stack(d.parts))  # (clients, n)
-    w = torch.full((len(sizes),), 1.0 / len(sizes))
-    gen = torch.Generator().manual_seed(seed)
+    parts = torch.as_tensor(np.stack(d.parts), device=DEVICE)  # (clients, n)
+    w = torch.full((len(sizes),), 1.0 / len(sizes), device=DEVICE)
+    gen = torch.Generator(DEVICE).manual_seed(seed)
     times: list[float] = []
     with torch.no_grad():
         for _ in range(setup.rounds):
@@ -273,10 +291,16 @@ def run_floor(setup: FedAvgSetup, *, block: int, seed: int = 0) -> float:
                 idx = parts[start : start + block]
                 c = len(idx)
                 if steps * b <= n:  # within the first epoch: a random subset, cut into batches
-                    pick = torch.rand(c, n, generator=gen).topk(steps * b, sorted=False).indices
+                    pick = (
+                        torch.rand(c, n, generator=gen, device=DEVICE)
+                        .topk(steps * b, sorted=False)
+                        .indices
+                    )
                     rows = torch.gather(idx, 1, pick).view(c, steps, b)
                 else:  # successive shuffles
-                    perms = torch.argsort(torch.rand(c, epochs, n, generator=gen), dim=-1)
+                    perms = torch.argsort(
+                        torch.rand(c, epochs, n, generator=gen, device=DEVICE), dim=-1
+                    )
                     rows = torch.gather(idx.unsqueeze(1).expand(c, epochs, n), 2, perms)
                     rows = rows.view(c, epochs * per_epoch, b)[:, :steps]
                 stacked = [g.expand(c, *g.shape).clone() for g in global_params]

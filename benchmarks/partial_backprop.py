@@ -107,8 +107,9 @@ def time_depths(
     other processes' cores during each run."""
     n_layers = sum(1 for m in net if any(True for _ in m.parameters(recurse=False)))
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, *input_shape, generator=g)
-    y = torch.randint(0, 10, (batch,), generator=g)
+    x = torch.randn(batch, *input_shape, generator=g).to(common.DEVICE)
+    y = torch.randint(0, 10, (batch,), generator=g).to(common.DEVICE)
+    net.to(common.DEVICE)
     fns = {d: depth_step(net, d) for d in range(1, n_layers + 1)}
     for fn in fns.values():  # warm-up
         fn(x, y)

@@ -53,6 +53,13 @@ def main(argv: list[str] | None = None) -> int:
         default="wall",
         help="time figures by the wall clock (default) or by this process's CPU time",
     )
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the training runners (w1-fedavg, w2-small, partial-backprop) run; "
+        "engine-events and scale-memory are CPU-only (default cpu)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON results")
     args = ap.parse_args(argv)
     unknown = [n for n in args.names if n not in BENCHMARKS]
@@ -65,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
 
     common.WAIT_FOR_QUIET = not (args.no_wait or args.quick)
     common.MAX_TOTAL_WAIT = args.max_wait
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device is available")
+    common.DEVICE = torch.device(args.device)
     common.CLOCK = time.perf_counter if args.clock == "wall" else time.process_time
     names = args.names or list(BENCHMARKS)
     results: dict[str, dict[str, object]] = {}
@@ -75,10 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         result["wall_s"] = round(time.perf_counter() - t0, 2)
         result["clock"] = args.clock
         result["threads"] = args.threads
+        result["device"] = args.device
         result["command"] = " ".join(["python -m benchmarks.run", *sys.argv[1:]])
         results[name] = result
         args.out.mkdir(parents=True, exist_ok=True)
         suffix = ("-quick" if args.quick else "") + (f"-{args.threads}t-{args.clock}")
+        suffix += "-cuda" if args.device == "cuda" else ""
         (args.out / f"{name}{suffix}.json").write_text(json.dumps(result, indent=2) + "\n")
         if not args.json:
             print(f"\n{name}  ({result['wall_s']} s)")

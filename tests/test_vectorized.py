@@ -379,6 +379,18 @@ def test_splitmix64_array_equals_the_scalar_mixer(z: int) -> None:
 
 
 @given(
+    seed=st.integers(min_value=0, max_value=2**40),
+    ids=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)), min_size=1, max_size=8),
+)
+def test_counter_keys_equal_the_scalar_keys(seed: int, ids: list[tuple[int, int]]) -> None:
+    from fedclock.rng import counter_key, counter_keys
+
+    a, b = (np.array(col) for col in zip(*ids, strict=True))
+    got = counter_keys(seed, "batches", a, b)
+    assert [int(v) for v in got] == [counter_key(seed, "batches", x, y) for x, y in ids]
+
+
+@given(
     n=st.integers(min_value=1, max_value=40),
     b=st.integers(min_value=1, max_value=12),
     steps=st.integers(min_value=0, max_value=15),
@@ -404,3 +416,24 @@ def test_batch_positions_are_successive_shuffles(n: int, b: int, steps: int) -> 
             assert np.array_equal(chunk, full[: len(chunk)])
     if steps >= per_epoch and n > 3:  # different clients get different orders
         assert not np.array_equal(rows[0, :n], rows[1, :n])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 5),
+    n=st.integers(1, 400),
+    take_frac=st.floats(0.0, 1.0),
+    dup=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_smallest_draws_equal_the_stable_argsort_prefix(rows, n, take_frac, dup, seed) -> None:
+    """The batch order's partial selection is exactly the first `take` of a stable argsort."""
+    from fedclock.train.executor import _smallest
+
+    rng = np.random.default_rng(seed)
+    u = rng.integers(0, 2**64 - 1, size=(rows, n), dtype=np.uint64, endpoint=True)
+    if dup and n > 1:  # equal draws: ties must go by position
+        u[:, rng.integers(0, n, n // 2)] = u[:, :1]
+    take = max(1, min(n, int(take_frac * n)))
+    expected = np.argsort(u, axis=1, kind="stable")[:, :take]
+    assert np.array_equal(_smallest(u, take), expected)

@@ -169,6 +169,7 @@ def run_experiment(
     check_deadline(strategy, population, cfg)
 
     device = resolve_device(cfg.executor.device)
+    model.to(device)  # before the snapshot: every model version lives on the executor's device
     initial = snapshot(model, 0)
     executor: Any = make_executor(
         cfg.executor.kind, model, data, seed=cfg.seed, train=cfg.train,

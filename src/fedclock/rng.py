@@ -62,6 +62,15 @@ def counter_key(seed: int, purpose: str, *ids: int) -> int:
     return key
 
 
+def counter_keys(seed: int, purpose: str, *ids: np.ndarray) -> np.ndarray:
+    """:func:`counter_key` element-wise over arrays of ids (one ``uint64`` key per element)."""
+    key = np.uint64(counter_key(seed, purpose))
+    out = np.full(np.broadcast_shapes(*(np.shape(i) for i in ids)), key, dtype=np.uint64)
+    for i in ids:
+        out = splitmix64_array(out ^ np.asarray(i).astype(np.uint64))
+    return out
+
+
 def counter_uniform(key: int, *ids: int) -> float:
     """A uniform draw on (0, 1) for ``key`` extended by ``ids`` (53 random bits).
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedclock.rng import counter_key, splitmix64_array
+from fedclock.rng import counter_key, counter_keys, splitmix64_array
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task
 
 _GAMMA_U64 = np.uint64(0x9E3779B97F4A7C15)
@@ -48,6 +48,13 @@ def batch_key(seed: int, task: Task) -> int:
     return counter_key(seed, "batches", task.client, task.base.version)
 
 
+def batch_keys(seed: int, tasks: Sequence[Task]) -> np.ndarray:
+    """:func:`batch_key` of every task, in one vectorized call."""
+    clients = np.fromiter((t.client for t in tasks), dtype=np.int64, count=len(tasks))
+    versions = np.fromiter((t.base.version for t in tasks), dtype=np.int64, count=len(tasks))
+    return counter_keys(seed, "batches", clients, versions)
+
+
 def batch_positions(keys: np.ndarray, n: int, steps: int, b: int) -> np.ndarray:
     """Local positions (0..n−1) used by ``steps`` batches of ``b``, one row per key.
 
@@ -66,13 +73,32 @@ def batch_positions(keys: np.ndarray, n: int, steps: int, b: int) -> np.ndarray:
         take = n if e < epochs else min(n, tail * b)
         if take == n:
             out.append(np.argsort(u, axis=1, kind="stable"))
-        else:  # only the first `take` of the permutation: select, then order them
-            sel = np.sort(np.argpartition(u, take - 1, axis=1)[:, :take], axis=1)
-            order = np.argsort(np.take_along_axis(u, sel, axis=1), axis=1, kind="stable")
-            out.append(np.take_along_axis(sel, order, axis=1))
+        else:  # only the first `take` of the permutation
+            out.append(_smallest(u, take))
     if not out:
         return np.empty((len(keys), 0), dtype=np.int64)
     return out[0] if len(out) == 1 else np.concatenate(out, axis=1)
+
+
+def _smallest(u: np.ndarray, take: int) -> np.ndarray:
+    """Per row, the positions of the ``take`` smallest draws, in increasing order (ties by
+    position): the first ``take`` entries of the stable argsort, without sorting whole rows.
+
+    The draws are uniform on [0, 2⁶⁴), so when take ≪ n the smallest lie below a threshold
+    that keeps ≈ 2·take + 16 candidates a row; only those are sorted (one ``lexsort`` for the
+    block). Otherwise (take not ≪ n, or a row with too few candidates) whole rows are sorted.
+    """
+    n = u.shape[1]
+    if take * 8 <= n:
+        thr = np.uint64(min(2**64 - 1, int((2 * take + 16) / n * 2.0**64)))
+        mask = u < thr
+        count = mask.sum(axis=1)
+        if (count >= take).all():
+            r, c = np.nonzero(mask)  # row-major: positions increase within a row
+            order = np.lexsort((u[r, c], r))  # stable: equal draws keep position order
+            start = np.concatenate(([0], np.cumsum(count)[:-1]))
+            return c[order][start[:, None] + np.arange(take)]
+    return np.argsort(u, axis=1, kind="stable")[:, :take]
 
 
 def split_batches(flat: torch.Tensor, n: int, steps: int, b: int) -> list[torch.Tensor]:

@@ -60,7 +60,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -70,7 +69,7 @@ from fedclock.sim.types import Contribution, ModelVersion, Params, Task, TaskPla
 from fedclock.train.executor import (
     ClientData,
     SerialExecutor,
-    batch_key,
+    batch_keys,
     batch_positions,
     split_batches,
 )
@@ -339,7 +338,7 @@ class VectorizedExecutor:
             groups.setdefault((sizes[j], steps[j]), []).append(j)
         flat: list[torch.Tensor] = [torch.empty(0, dtype=torch.int64)] * n_clients
         for (n, k), members in groups.items():
-            keys = np.array([batch_key(self.seed, tasks[j]) for j in members], dtype=np.uint64)
+            keys = batch_keys(self.seed, [tasks[j] for j in members])
             pos = torch.from_numpy(batch_positions(keys, n, k, b))
             for r, j in enumerate(members):
                 flat[j] = pos[r]
@@ -483,15 +482,21 @@ class VectorizedExecutor:
                         if full is None:
                             full = kept[n] = torch.zeros_like(task.base.params[n])
                         full[views[n]] = m[j]
+        # each client's delta is its own tensor, not a view of the block: a contribution
+        # that waits long for its arrival must not keep the whole block alive (one fused
+        # subtraction for the whole block)
+        k = len(names)
+        with torch.no_grad():
+            rows = [p[j] for j in range(len(tasks)) for p in params]
+            refs = (
+                base_params * len(tasks)
+                if shared
+                else [b[j] for j in range(len(tasks)) for b in base_params]
+            )
+            flat = torch._foreach_sub(rows, refs)
         out = []
         for j, task in enumerate(tasks):
-            # each client's delta is its own tensor, not a view of the block: a contribution
-            # that waits long for its arrival must not keep the whole block alive
-            with torch.no_grad():
-                ref = base_params if shared else [b[j] for b in base_params]
-                delta = dict(
-                    zip(names, torch._foreach_sub([p[j] for p in params], ref), strict=True)
-                )
+            delta = dict(zip(names, flat[j * k : (j + 1) * k], strict=True))
             if views is not None:  # a submodel's delta, zero outside its slice
                 full_delta = {}
                 for n, d in delta.items():

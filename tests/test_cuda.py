@@ -1,0 +1,94 @@
+"""executor.device: cuda gives the same results as the CPU (float tolerance).
+
+Skipped where no CUDA device is present (CI and the development machines are CPU-only);
+run on a GPU machine with ``python -m pytest tests/test_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fedclock.config import load_config
+from fedclock.experiment import run_experiment
+from fedclock.models import build_model
+from fedclock.train.executor import SerialExecutor, snapshot
+from fedclock.train.vectorized import VectorizedExecutor
+from tests.test_vectorized import CASES, _assert_same, _data, _tasks
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def _on_cpu(contributions: list) -> list:
+    for c in contributions:
+        assert all(d.device.type == "cuda" for d in c.delta.values())
+        c.delta = {k: d.cpu() for k, d in c.delta.items()}
+    return contributions
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("kind", ["serial", "vectorized"])
+def test_cuda_contributions_equal_cpu(name: str, kind: str) -> None:
+    case = CASES[name]
+    kw = dict(case.kw)
+    data = _data(list(case.sizes), case.shape)
+
+    def model() -> nn.Module:
+        return build_model(case.arch, input_shape=case.shape, num_classes=10, seed=1, **kw)  # type: ignore[arg-type]
+
+    base = snapshot(model(), 3)
+    tasks = _tasks(base, list(case.sizes), case.batch, epochs=case.epochs, steps=case.steps)
+    opts = dict(seed=5, lr=0.05, momentum=case.momentum, weight_decay=case.weight_decay)
+    cpu = SerialExecutor(model(), data, **opts).run(tasks)  # type: ignore[arg-type]
+    cuda_base = snapshot(model().cuda(), 3)
+    cuda_tasks = _tasks(
+        cuda_base, list(case.sizes), case.batch, epochs=case.epochs, steps=case.steps
+    )
+    ex: SerialExecutor | VectorizedExecutor
+    if kind == "serial":
+        ex = SerialExecutor(model(), data, device="cuda", **opts)  # type: ignore[arg-type]
+    else:
+        ex = VectorizedExecutor(model(), data, device="cuda", max_batch_clients=case.block, **opts)  # type: ignore[arg-type]
+    _assert_same(cpu, _on_cpu(ex.run(cuda_tasks)), atol=1e-4, same_tasks=False)
+
+
+_SALF = {"salf.scenario": "ratio", "population.straggler_ratio": 0.5,
+         "train.local_steps": 1, "train.local_epochs": "null"}  # fmt: skip
+STRATEGIES: dict[str, dict[str, object]] = {
+    "fedavg": {},
+    "drop-stragglers": {"strategy.t_max": 2.5},
+    "fedbuff": {"strategy.buffer_size": 3},
+    "salf-paper": {**_SALF, "strategy.name": "salf", "salf.mode": "paper"},
+    "salf-reference": {
+        **_SALF,
+        "strategy.name": "salf",
+        "salf.mode": "reference",
+        "train.momentum": 0.5,
+    },
+    "heterofl": {**_SALF, "strategy.name": "heterofl"},
+    "asyncfl": {**_SALF, "strategy.name": "asyncfl"},
+}
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_run_on_cuda_matches_cpu(tmp_path, name: str) -> None:
+    """A whole run (digits MLP) gives the same curve on the GPU as on the CPU."""
+    sets = {"strategy.name": name, **STRATEGIES[name]}
+    histories = {}
+    for device in ("cpu", "cuda"):
+        cfg = load_config(
+            None,
+            [
+                "data.name=digits", "partition.num_clients=8", "model.arch=mlp",
+                "model.hidden=[16]", "budget.aggregations=5", f"executor.device={device}",
+                *(f"{k}={v}" for k, v in sets.items()),
+            ],
+        )  # fmt: skip
+        histories[device] = run_experiment(cfg, run_dir=tmp_path / device).history
+    a, b = histories["cpu"], histories["cuda"]
+    assert len(a) == len(b) > 2
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["virtual_time"] == rb["virtual_time"]  # the clock never depends on the device
+        assert ra["aggregation"] == rb["aggregation"]
+        assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=1e-3, abs=1e-4)
