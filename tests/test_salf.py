@@ -4,23 +4,34 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedclock.config import load_config
+from fedclock.devices import Population
 from fedclock.experiment import run_experiment
 from fedclock.models import build_model, layer_view
+from fedclock.sim.types import TaskPlan
 from fedclock.strategies.salf import (
+    RoundSetup,
+    StragglerRounds,
+    Units,
     build_units,
     coverage_update,
     deadline_depth,
     divide_by_u_update,
     p_eq10,
+    p_exact_deadline,
     p_exact_ratio,
+    p_values,
     prefix_mask,
     salf_layer_update,
     update_sets,
@@ -98,6 +109,162 @@ def test_deadline_depth() -> None:
     assert deadline_depth(4.0, 1.0, [1, 2, 3]) == 3
     assert deadline_depth(3.0, 1.0, [1, 2, 3]) == 4  # not even the output layer
     assert deadline_depth(0.5, 1.0, [1, 2, 3]) == 4
+
+
+# ------------------------------------------------------------------ exact p_l, deadline scenario
+def _phi(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+def test_p_exact_deadline_hand_computed() -> None:
+    # L = 2 units: forward 2 FLOP/sample, backward [1, 3]; n = 10 samples; B = 100 bytes
+    kw = dict(t_max=1.0, samples=10, fwd_flops=2.0, bwd_flops=[1.0, 3.0], model_bytes=100)
+    # user 0: 100 FLOP/s, free links → avail 1.0; layer 2 needs 10·(2+3)/100 = 0.5 s·s_u,
+    #   layer 1 needs 10·(2+3+1)/100 = 0.6 s·s_u → it reaches l iff s ≤ 2 (l=2), s ≤ 1/0.6 (l=1)
+    # user 1: 200 FLOP/s, 1000 B/s down, 500 B/s up → avail 1 − 0.1 − 0.2 = 0.7;
+    #   layer 2: 0.25 s·s_u, layer 1: 0.3 s·s_u → s ≤ 2.8 (l=2), s ≤ 7/3 (l=1)
+    pop = dict(speed=[100.0, 200.0], up_bandwidth=[math.inf, 500.0],
+               down_bandwidth=[math.inf, 1000.0])  # fmt: skip
+    x = {1: (1 / 0.6, 7 / 3), 2: (2.0, 2.8)}
+    sigma = 0.5
+    p = p_exact_deadline(**kw, **pop, slowdown_kind="lognormal", slowdown_sigma=sigma)
+    for layer in (1, 2):
+        # ln s ~ N(−σ²/2, σ²): P(s ≤ x) = Φ((ln x + σ²/2)/σ); p_l = Π_u (1 − P(s_u ≤ x_u))
+        want = math.prod(1.0 - _phi((math.log(xu) + sigma**2 / 2) / sigma) for xu in x[layer])
+        assert p[layer - 1] == pytest.approx(want, rel=1e-12)
+    # (ln(5/3) + 0.125)/0.5 = 1.2716, (ln(7/3) + 0.125)/0.5 = 1.9446: 0.10184 · 0.02591
+    assert p[0] == pytest.approx(0.10184 * 0.02591, rel=1e-3)
+    p = p_exact_deadline(**kw, **pop, slowdown_kind="exponential", slowdown_sigma=sigma)
+    for layer in (1, 2):  # s ~ Exp(1): P(s > x) = e^(−x)
+        assert p[layer - 1] == pytest.approx(math.exp(-sum(x[layer])), rel=1e-12)
+    # no slowdown: both users reach both layers (every x ≥ 1)
+    assert p_exact_deadline(**kw, **pop, slowdown_kind="none", slowdown_sigma=sigma) == [0.0, 0.0]
+    # too little time for anyone: t_max below user 1's transfers and user 0's full task
+    kw["t_max"] = 0.29
+    assert p_exact_deadline(**kw, **pop, slowdown_kind="none", slowdown_sigma=sigma) == [1.0, 1.0]
+
+
+class _DepthCtx:
+    """Just enough of the simulator's Context for ``StragglerRounds.depths`` (deadline):
+    ``prepare`` prices the planner's full task with the population's own timing, k = round."""
+
+    def __init__(self, rounds: StragglerRounds, population: Population) -> None:
+        self.rounds, self.population, self.k = rounds, population, 0
+
+    def prepare(self, client: int) -> SimpleNamespace:
+        plan, cost = self.rounds.plan(None, client)
+        return SimpleNamespace(
+            plan=plan, cost=cost, timing=self.population.timing(client, cost, self.k)
+        )
+
+
+def _deadline_rounds(
+    population: Population, t_max: float, *, fwd: float = 2.0e4,
+    bwd: tuple[float, ...] = (1.0e4, 3.0e3, 6.0e3), samples: int = 16, nbytes: int = 4000,
+) -> StragglerRounds:  # fmt: skip
+    L = len(bwd)
+    units = Units(L, {}, {}, bwd, fwd, (nbytes // L,) * L)
+    setup = RoundSetup(
+        method="salf", mode="paper", scenario="deadline", units=units,
+        num_users=len(population), straggler_ratio=0.0, t_max=t_max,
+        full_plan=TaskPlan(local_steps=1, batch_size=samples, samples=samples),
+        model_bytes=nbytes,
+    )  # fmt: skip
+    return StragglerRounds(setup)
+
+
+@pytest.mark.parametrize("kind", ["lognormal", "exponential"])
+def test_p_exact_deadline_matches_the_simulated_depths(kind: str) -> None:
+    """Monte Carlo through the simulator's own depth code (``StragglerRounds.depths``)."""
+    pop = Population(
+        speed=np.array([1.0e9, 2.0e9, 3.0e9, 5.0e8]),
+        up_bandwidth=np.array([np.inf, 8.0e7, np.inf, np.inf]),
+        down_bandwidth=np.array([np.inf, 8.0e7, 4.0e7, 1.0e8]),
+        slowdown_kind=kind, slowdown_sigma=0.8, seed=7,
+    )  # fmt: skip
+    # 4000 model bytes: users 1–3 spend 100, 100, 40 µs of the 200 µs on transfers (which
+    # matter: with free links p_l would be about a third of these)
+    rounds = _deadline_rounds(pop, t_max=2.0e-4)
+    L = rounds.s.units.count
+    p = p_values(rounds.s, "exact", pop)
+    assert min(p) > 0.02 and max(p) < 0.98  # an informative case: no p_l near 0 or 1
+    ctx = _DepthCtx(rounds, pop)
+    draws = 20_000
+    empty = np.zeros(L)
+    for k in range(draws):
+        ctx.k = k
+        d = rounds.depths(ctx)
+        empty += [(d > layer).all() for layer in range(1, L + 1)]
+    for layer in range(L):
+        sd = math.sqrt(p[layer] * (1 - p[layer]) / draws)
+        assert empty[layer] / draws == pytest.approx(p[layer], abs=4.5 * sd + 1e-3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    speeds=st.lists(st.floats(1.0e8, 1.0e10), min_size=1, max_size=5),
+    t_max=st.floats(1.0e-5, 2.0e-3),
+    bw=st.sampled_from([np.inf, 1.0e7, 1.0e8]),
+)
+def test_p_exact_deadline_without_slowdown_is_the_deterministic_depths(
+    speeds: list[float], t_max: float, bw: float
+) -> None:
+    n = len(speeds)
+    pop = Population(speed=np.array(speeds), up_bandwidth=np.full(n, bw),
+                     down_bandwidth=np.full(n, bw))  # fmt: skip
+    rounds = _deadline_rounds(pop, t_max=t_max)
+    u, L = rounds.s.units, rounds.s.units.count
+    # away from exact ties at a layer boundary (measure zero; float round-off decides those)
+    for spd in speeds:
+        avail = t_max - 2 * rounds.s.model_bytes / bw
+        for layer in range(1, L + 1):
+            need = 16 * (u.fwd_flops + sum(u.bwd_flops[layer - 1 :])) / spd
+            assume(abs(need - avail) > 1e-9 * max(need, abs(avail)))
+    p = p_values(rounds.s, "exact", pop)
+    d = rounds.depths(_DepthCtx(rounds, pop))
+    assert p == [1.0 if (d > layer).all() else 0.0 for layer in range(1, L + 1)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    speeds=st.lists(st.floats(1.0e8, 1.0e10), min_size=1, max_size=6),
+    t_max=st.floats(1.0e-5, 2.0e-3),
+    kind=st.sampled_from(["lognormal", "exponential"]),
+    sigma=st.floats(0.05, 2.0),
+)
+def test_p_exact_deadline_is_a_probability_monotone_in_layer_and_t_max(
+    speeds: list[float], t_max: float, kind: str, sigma: float
+) -> None:
+    n = len(speeds)
+    pop = Population(speed=np.array(speeds), up_bandwidth=np.full(n, np.inf),
+                     down_bandwidth=np.full(n, 1.0e8), slowdown_kind=kind,
+                     slowdown_sigma=sigma)  # fmt: skip
+    p = p_values(_deadline_rounds(pop, t_max=t_max).s, "exact", pop)
+    later = p_values(_deadline_rounds(pop, t_max=2 * t_max).s, "exact", pop)
+    assert all(0.0 <= v <= 1.0 for v in p)
+    # U^1 ⊆ U^2 ⊆ … (eq. 8): P(U^l empty) does not grow with l; more time, fewer empty sets
+    assert all(a >= b for a, b in itertools.pairwise(p))
+    assert all(a >= b for a, b in zip(p, later, strict=True))
+
+
+def test_eq9_guard_when_p_rounds_to_one() -> None:
+    w = torch.tensor([1.0])
+    assert torch.equal(salf_layer_update(w, [], 1.0), w)  # the expected case: nobody reached it
+    out = salf_layer_update(w, [torch.tensor([0.5])], 1.0)  # a boundary tie: plain mean
+    assert torch.allclose(out, torch.tensor([1.5]))
+
+
+def test_deadline_p_values_need_the_population_and_other_rules_are_unchanged() -> None:
+    from dataclasses import replace
+
+    pop = Population(speed=np.full(3, 1.0e9), up_bandwidth=np.full(3, np.inf),
+                     down_bandwidth=np.full(3, np.inf), slowdown_kind="lognormal")  # fmt: skip
+    s = _deadline_rounds(pop, t_max=4.0e-4).s
+    with pytest.raises(ValueError, match="population"):
+        p_values(s, "exact")
+    assert p_values(s, "zero", pop) == [0.0] * 3
+    assert p_values(s, "eq10", pop) == [p_eq10(layer, 3, 3) for layer in (1, 2, 3)]
+    assert p_values(replace(s, method="drop-stragglers"), "exact", pop) == [0.0] * 3
 
 
 # ------------------------------------------------------------------ HeteroFL slicing
@@ -348,8 +515,8 @@ def test_vectorized_suffix_tasks_equal_the_serial_partial_executor(arch, momentu
         depth = None if c == 0 else 1 + c % L  # full, and every depth 2..L (L+1: no task)
         tasks.append(replace(t, plan=replace(t.plan, depth=depth), base=v1 if c % 3 == 0 else v0))
     opts = dict(seed=4, lr=0.1, momentum=momentum, weight_decay=1e-3, units=units)
-    serial = PartialExecutor(model, data, **opts).run(tasks)  # type: ignore[arg-type]
-    vec = PartialExecutor(model, data, vectorize=True, **opts)  # type: ignore[arg-type]
+    serial = PartialExecutor(model, data, **opts).run(tasks)
+    vec = PartialExecutor(model, data, vectorize=True, **opts)
     assert vec._vectorized is not None
     _assert_same(serial, vec.run(tasks))
     for c, t in zip(serial, tasks, strict=True):  # the frozen prefix sends nothing
@@ -390,8 +557,8 @@ def test_vectorized_reference_tasks_equal_serial_with_persistent_momentum(arch) 
     # each executor trains its own copy, so the bases depend on the rounds only (a base
     # reached through other training can put two max-pool inputs within 1e-7 of each other:
     # vmap's and the serial kernels' round-off then route that gradient differently)
-    serial = PartialExecutor(copy.deepcopy(model), data, **opts)  # type: ignore[arg-type]
-    vec = PartialExecutor(copy.deepcopy(model), data, vectorize=True, **opts)  # type: ignore[arg-type]
+    serial = PartialExecutor(copy.deepcopy(model), data, **opts)
+    vec = PartialExecutor(copy.deepcopy(model), data, vectorize=True, **opts)
     assert vec._vectorized is not None
     for r in range(3):
         with torch.no_grad():
@@ -436,8 +603,8 @@ def test_vectorized_heterofl_submodels_equal_serial(arch, mode) -> None:
     # each executor trains its own copy, so the bases depend on the rounds only (a base
     # reached through other training can put two max-pool inputs within 1e-7 of each other:
     # vmap's and the serial kernels' round-off then route that gradient differently)
-    serial = PartialExecutor(copy.deepcopy(model), data, **opts)  # type: ignore[arg-type]
-    vec = PartialExecutor(copy.deepcopy(model), data, vectorize=True, **opts)  # type: ignore[arg-type]
+    serial = PartialExecutor(copy.deepcopy(model), data, **opts)
+    vec = PartialExecutor(copy.deepcopy(model), data, vectorize=True, **opts)
     for r in range(3):
         with torch.no_grad():
             for p in model.parameters():

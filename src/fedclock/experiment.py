@@ -164,6 +164,7 @@ def run_experiment(
         model_bytes=param_bytes(model),
         model=model,
         layers=tuple(layers),
+        population=population,
     )
     strategy = build_strategy(cfg, info)
     check_deadline(strategy, population, cfg)

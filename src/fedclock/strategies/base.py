@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedclock.devices.cost import TaskCost
+from fedclock.devices.population import Population
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, TaskPlan
 
@@ -77,3 +78,4 @@ class BuildInfo:
     model_bytes: int
     model: Any = None  # the initial model (SALF: state-dict tensors, HeteroFL slicing)
     layers: tuple[Any, ...] = ()  # fedclock.models.layer_view(model)
+    population: Population | None = None  # SALF's deadline scenario: exact p_l

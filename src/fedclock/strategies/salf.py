@@ -14,6 +14,7 @@ module with parameters in ``paper`` mode and one state-dict tensor in
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -23,8 +24,11 @@ import numpy as np
 import torch
 
 from fedclock.devices.cost import TaskCost
+from fedclock.devices.population import Population
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task, TaskPlan
+
+log = logging.getLogger(__name__)
 
 METHODS = ("vanilla", "drop-stragglers", "salf", "heterofl", "asyncfl")
 
@@ -60,14 +64,84 @@ def p_exact_independent(prob_beyond: Sequence[float]) -> float:
     return float(np.prod(np.asarray(prob_beyond, dtype=np.float64)))
 
 
+def slowdown_survival(x: float, kind: str, sigma: float) -> float:
+    """P(s > x) for the population's per-task compute slowdown s (``Population.slowdown``).
+
+    none: s = 1; lognormal: s = exp(σZ − σ²/2), so P(s > x) = ½·erfc((ln x + σ²/2)/(σ√2));
+    exponential: s ~ Exp(1), so P(s > x) = e^(−x). s > 0, so P(s > x) = 1 for x ≤ 0.
+    """
+    if x <= 0.0:
+        return 1.0
+    if math.isinf(x):
+        return 0.0
+    if kind == "none" or (kind == "lognormal" and sigma <= 0.0):  # s = 1 exactly
+        return 0.0 if x >= 1.0 else 1.0
+    if kind == "lognormal":
+        return 0.5 * math.erfc((math.log(x) + 0.5 * sigma * sigma) / (sigma * math.sqrt(2.0)))
+    if kind == "exponential":
+        return math.exp(-x)
+    raise ValueError(f"unknown slowdown kind {kind!r}")
+
+
+def p_exact_deadline(
+    *,
+    t_max: float,
+    speed: Sequence[float],
+    up_bandwidth: Sequence[float],
+    down_bandwidth: Sequence[float],
+    slowdown_kind: str,
+    slowdown_sigma: float,
+    samples: int,
+    fwd_flops: float,
+    bwd_flops: Sequence[float],
+    model_bytes: int,
+) -> list[float]:
+    """p_l = P(|U^l| = 0) (eq. 9's definition) for l = 1..L in the deadline scenario.
+
+    Mirrors ``StragglerRounds._deadline_depths``: user u prices the full task (download
+    and upload ``model_bytes`` at its bandwidths — not slowed — and compute at ``speed[u]``
+    times this round's slowdown s_u), so avail_u = t_max − B/down_u − B/up_u, and
+    ``deadline_depth`` gives d_u ≤ l ⇔ s_u·c_{u,l} ≤ avail_u with the nominal
+    c_{u,l} = n·(fwd + Σ_{k≥l} bwd_k)/speed_u (n = ``samples``). Users draw s_u
+    independently, so p_l = Π_u P(s_u > avail_u / c_{u,l}). Without a slowdown every p_l
+    is 0 or 1 (the depths are deterministic).
+    """
+    num_layers = len(bwd_flops)
+    # C_l = fwd + Σ_{k≥l} bwd_k per sample, l = 1..L
+    suffix = [0.0] * num_layers
+    acc = 0.0
+    for layer in range(num_layers, 0, -1):
+        acc += float(bwd_flops[layer - 1])
+        suffix[layer - 1] = acc
+    out = [1.0] * num_layers
+    for spd, up, down in zip(speed, up_bandwidth, down_bandwidth, strict=True):
+        # as Population.timing: x / inf = 0 (a free link)
+        avail = t_max - model_bytes / float(down) - model_bytes / float(up)
+        for layer in range(num_layers):
+            flops = samples * (fwd_flops + suffix[layer])
+            x = math.inf if flops <= 0.0 else avail * float(spd) / flops
+            if avail < 0.0:
+                x = 0.0  # even s → 0 leaves no time: the depth is L+1
+            out[layer] *= slowdown_survival(x, slowdown_kind, slowdown_sigma)
+    return out
+
+
 def salf_layer_update(w: torch.Tensor, deltas: Sequence[torch.Tensor], p: float) -> torch.Tensor:
     """Eq. 9 for one layer in delta form.
 
     w̃ = w if U^l is empty, else (mean_{U^l}(w + Δ_u) − p·w)/(1 − p) = w + mean_{U^l} Δ_u/(1 − p).
+
+    Guard: a p that rounds to 1 (no user is ever expected to reach layer l: the deadline
+    scenario's exact p_l without a slowdown, or with one too slow for any draw to matter)
+    means U^l is empty in practice, and this returns w before dividing. Should a user reach
+    it anyway (a float tie at the depth boundary), 1/(1 − p) would be infinite, so the
+    layer takes the plain mean (p treated as 0) instead of dividing by zero.
     """
     if not deltas:
         return w
     mean = torch.stack(list(deltas)).mean(dim=0)
+    if p >= 1.0:
+        return w + mean
     return w + mean / (1.0 - p)
 
 
@@ -503,8 +577,11 @@ class StragglerRounds:
         self._close_round(ctx)
 
 
-def p_values(setup: RoundSetup, rule: str, population: Any = None) -> list[float]:
-    """p_l, l = 1..L, for ``rule`` exact / eq10 / zero (non-SALF methods always use 0)."""
+def p_values(setup: RoundSetup, rule: str, population: Population | None = None) -> list[float]:
+    """p_l, l = 1..L, for ``rule`` exact / eq10 / zero (non-SALF methods always use 0).
+
+    ``exact`` in the deadline scenario needs the ``population`` (speeds, bandwidths, slowdown).
+    """
     L, U = setup.units.count, setup.num_users
     if rule == "zero" or setup.method != "salf":
         return [0.0] * L
@@ -514,9 +591,18 @@ def p_values(setup: RoundSetup, rule: str, population: Any = None) -> list[float
         m = round(setup.straggler_ratio * U)
         ref = setup.mode == "reference"
         return [p_exact_ratio(layer, L, U, m, reference=ref) for layer in range(1, L + 1)]
-    # deadline: depths are deterministic without a slowdown draw, so U^l is either always
-    # or never empty; p_l = 0 keeps eq. 9 a plain mean where it is not (see the docs)
-    return [0.0] * L
+    # deadline: each user's depth follows from its speed, bandwidths and slowdown draw
+    if population is None:
+        raise ValueError("p_rule 'exact' in the deadline scenario needs the population")
+    assert setup.t_max is not None
+    u = setup.units
+    return p_exact_deadline(
+        t_max=setup.t_max, speed=population.speed.tolist(),
+        up_bandwidth=population.up_bandwidth.tolist(),
+        down_bandwidth=population.down_bandwidth.tolist(), slowdown_kind=population.slowdown_kind,
+        slowdown_sigma=population.slowdown_sigma, samples=setup.full_plan.samples,
+        fwd_flops=u.fwd_flops, bwd_flops=u.bwd_flops, model_bytes=setup.model_bytes,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------- builder
@@ -556,7 +642,13 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
     if method == "heterofl":
         aggregator = CoverageAggregator()
     else:
-        aggregator = SalfAggregator(
-            mode=sc.mode, units=units, num_users=len(sizes), p_values=p_values(setup, sc.p_rule)
-        )
+        population = info.population
+        if population is None and sc.scenario == "deadline" and sc.p_rule == "exact":
+            # the experiment's own population, rebuilt from its config (same seed, same arrays)
+            from fedclock.devices import build_population
+
+            population = build_population(cfg.population, len(sizes), cfg.seed)
+        p = p_values(setup, sc.p_rule, population)
+        log.debug("%s p_l (p_rule %s, scenario %s): %s", method, sc.p_rule, sc.scenario, p)
+        aggregator = SalfAggregator(mode=sc.mode, units=units, num_users=len(sizes), p_values=p)
     return Strategy(name=method, planner=rounds, trigger=rounds, aggregator=aggregator)
