@@ -58,7 +58,7 @@ _SALF = {"salf.scenario": "ratio", "population.straggler_ratio": 0.5,
 STRATEGIES: dict[str, dict[str, object]] = {
     "fedavg": {},
     "drop-stragglers": {"strategy.t_max": 2.5},
-    "fedbuff": {"strategy.buffer_size": 3},
+    "fedbuff": {"strategy.buffer_size": 3, "eval.client_losses": "true"},
     "salf-paper": {**_SALF, "strategy.name": "salf", "salf.mode": "paper"},
     "salf-reference": {
         **_SALF,

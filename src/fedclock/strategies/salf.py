@@ -198,8 +198,10 @@ def width_shapes(shapes: Sequence[tuple[int, ...]], rate: float) -> list[tuple[i
     return out
 
 
-def prefix_mask(shape: tuple[int, ...], keep: tuple[int, ...]) -> torch.Tensor:
-    mask = torch.zeros(shape, dtype=torch.bool)
+def prefix_mask(
+    shape: tuple[int, ...], keep: tuple[int, ...], device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    mask = torch.zeros(shape, dtype=torch.bool, device=device)
     mask[tuple(slice(0, k) for k in keep)] = True
     return mask
 
@@ -352,7 +354,8 @@ class CoverageAggregator:
             if r not in masks_by_rate:
                 keep = width_shapes(shapes, r)
                 masks_by_rate[r] = {
-                    n: prefix_mask(s, k) for n, s, k in zip(names, shapes, keep, strict=True)
+                    n: prefix_mask(s, k, base.params[n].device)
+                    for n, s, k in zip(names, shapes, keep, strict=True)
                 }
             per_contrib.append(masks_by_rate[r])
         for name in names:
