@@ -60,6 +60,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -342,11 +343,14 @@ class VectorizedExecutor:
             pos = torch.from_numpy(batch_positions(keys, n, k, b))
             for r, j in enumerate(members):
                 flat[j] = pos[r]
-        idx = [self.data.indices[t.client] for t in tasks]
         if len(groups) == 1 and flat[0].numel() == n_steps * b:  # no padding anywhere
-            return torch.stack([i[f] for i, f in zip(idx, flat, strict=True)]).view(
-                n_clients, n_steps, b
-            )
+            # one gather for the block: local positions + each client's offset into the
+            # concatenated indices (``pos`` holds the rows of this single group, in order)
+            all_idx, offsets = self.data.flat
+            clients = np.fromiter((t.client for t in tasks), dtype=np.int64, count=n_clients)
+            at = torch.from_numpy(offsets[clients][:, None] + pos.numpy())
+            return all_idx[at].view(n_clients, n_steps, b)
+        idx = [self.data.indices[t.client] for t in tasks]
         rows = torch.full((n_clients, n_steps, b), -1, dtype=torch.int64)
         for j in range(n_clients):
             if flat[j].numel() == steps[j] * b:
