@@ -353,8 +353,9 @@ class Simulator:
             return
         batch = list(self._pending.values())
         self._pending = {}
+        results = self._results
         for contribution in self.executor.run(batch):
-            self._results[contribution.task.task_id] = contribution
+            results[contribution.task.task_id] = contribution
 
     # ------------------------------------------------------------ records
     def _record(self, t: float) -> None:
