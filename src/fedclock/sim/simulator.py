@@ -446,7 +446,13 @@ class Simulator:
         # the heap holds one evaluation tick at most (it re-arms itself); arrivals and
         # timers are the live events: with none left the run is idle
         ticks = 0 if dt is None else 1
-        while self.stop_reason is None:
+        # `while True` + break, not `while <condition>`: CPython 3.11 only specializes
+        # the bytecode of a function called once when it takes an unconditional
+        # backward jump, so a `while <condition>` loop would run unspecialized
+        # (about twice as slow) for the whole run
+        while True:
+            if self.stop_reason is not None:
+                break
             if len(heap) == ticks:
                 self.stop_reason = StopReason.IDLE
                 break
