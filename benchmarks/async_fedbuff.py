@@ -10,6 +10,7 @@ the :class:`ArrivalBuffer` trigger (a server step every ``buffer_size`` arrivals
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,11 @@ def fedbuff(
 
 
 class NoopExecutor:
-    """A no-op model: every task returns an empty update at once."""
+    """A no-op model: every task returns an empty update at once.
+
+    The empty delta and buffers are shared (nothing writes to a contribution's dicts).
+    """
 
     def run(self, tasks: Sequence[Task]) -> list[Contribution]:
-        return [Contribution(t, {}, {}, 1, 0.0) for t in tasks]
+        empty: dict[str, Any] = {}
+        return [Contribution(t, empty, empty, 1, 0.0) for t in tasks]

@@ -222,7 +222,7 @@ def run_experiment(
         budget=Budget(virtual_time=b.virtual_time, aggregations=b.aggregations, updates=b.updates),
         evaluate=evaluator,
         on_record=recorder.record,
-        on_progress=progress or (lambda s: None),
+        on_progress=progress,
         eval_every_aggregations=cfg.eval.every_aggregations,
         eval_every_virtual_seconds=cfg.eval.every_virtual_seconds,
         divergence_factor=cfg.eval.divergence_factor,

@@ -106,13 +106,18 @@ class Population:
         """:meth:`timing` as a closure; tests check that both agree."""
         speed, up, down = self._speed, self._up_bandwidth, self._down_bandwidth
         kind, key, sigma = self.slowdown_kind, self._key, self.slowdown_sigma
+        # TaskTiming(a, b, c) without the named tuple's Python-level __new__ (2× faster)
+        new = tuple.__new__
         if kind == "none":
 
             def nominal(client: int, cost: TaskCost, k: int) -> TaskTiming:
-                return TaskTiming(
-                    cost.bytes_down / down[client],
-                    cost.flops / speed[client],
-                    cost.bytes_up / up[client],
+                return new(
+                    TaskTiming,
+                    (
+                        cost.bytes_down / down[client],
+                        cost.flops / speed[client],
+                        cost.bytes_up / up[client],
+                    ),
                 )
 
             return nominal
@@ -135,10 +140,13 @@ class Population:
                 s = exp(sigma * normal - half)
             else:
                 s = -log(((z >> 11) + 0.5) * 2.0**-53)
-            return TaskTiming(
-                cost.bytes_down / down[client],
-                cost.flops / speed[client] * s,
-                cost.bytes_up / up[client],
+            return new(
+                TaskTiming,
+                (
+                    cost.bytes_down / down[client],
+                    cost.flops / speed[client] * s,
+                    cost.bytes_up / up[client],
+                ),
             )
 
         return timing

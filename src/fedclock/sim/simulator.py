@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from fedclock.devices.population import Population
 
 _ARRIVAL, _TIMER, _EVAL = 0, 1, 2
+_heappush = heapq.heappush
 
 
 @contextlib.contextmanager
@@ -200,7 +202,7 @@ class Simulator:
         budget: Budget,
         evaluate: Callable[[ModelVersion], tuple[float, float]],
         on_record: Callable[[dict[str, Any]], None] = lambda row: None,
-        on_progress: Callable[[Simulator], None] = lambda sim: None,
+        on_progress: Callable[[Simulator], None] | None = None,
         eval_every_aggregations: int | None = 1,
         eval_every_virtual_seconds: float | None = None,
         divergence_factor: float | None = None,
@@ -229,8 +231,8 @@ class Simulator:
         self.stop_reason: StopReason | None = None
         self.ctx = Context(self)
         self._heap: list[tuple[float, int, int, Any]] = []
-        self._seq = 0
-        self._live_events = 0  # arrivals and timers in the heap (evaluation ticks excluded)
+        # sequence numbers: events at the same time fire in the order they were pushed
+        self._seq = itertools.count()
         self._next_task_id = 0
         self._task_count = [0] * len(population)  # k of each client's next task
         # the hot path's look-ups, bound once (a Strategy binds its parts' methods)
@@ -245,10 +247,7 @@ class Simulator:
 
     # ------------------------------------------------------------ events
     def push(self, t: float, kind: int, payload: Any) -> None:
-        heapq.heappush(self._heap, (t, self._seq, kind, payload))
-        self._seq += 1
-        if kind != _EVAL:
-            self._live_events += 1
+        heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
 
     def prepare(self, client: int, base: ModelVersion) -> Task:
         plan, cost = self._plan(self.ctx, client)
@@ -284,10 +283,8 @@ class Simulator:
         self.counters.bytes_down += cost.bytes_down
         self._in_flight[tid] = task
         self._pending[tid] = task
-        t = now + (timing.down_s + timing.compute_s + timing.up_s)
-        heapq.heappush(self._heap, (t, self._seq, _ARRIVAL, task))
-        self._seq += 1
-        self._live_events += 1
+        down, compute, up = timing  # arrival at t_finish (the same float sums)
+        _heappush(self._heap, (now + (down + compute + up), next(self._seq), _ARRIVAL, task))
         return task
 
     def cancel(self, task: Task) -> None:
@@ -307,8 +304,9 @@ class Simulator:
         self.counters.compute_s_wasted += contribution.task.timing.compute_s
 
     def commit(self, contributions: Sequence[Contribution]) -> ModelVersion:
+        isfinite = math.isfinite
         for c in contributions:
-            if not math.isfinite(c.train_loss):
+            if not isfinite(c.train_loss):
                 raise DivergenceError(
                     f"Training diverged: client {c.client} reported a non-finite training loss "
                     f"at aggregation {self.counters.aggregations + 1} (t = {self.now:.4g} s); "
@@ -320,14 +318,18 @@ class Simulator:
         ctr.aggregations += 1
         ctr.updates_used += len(contributions)
         participation, staleness, received = ctr.participation, ctr.staleness, ctr.weight_received
+        participation_get, staleness_get, received_get = (
+            participation.get, staleness.get, received.get
+        )  # fmt: skip
         for c in contributions:
             task = c.task
             client = task.client
-            participation[client] = participation.get(client, 0) + 1
+            participation[client] = participation_get(client, 0) + 1
             stale = current - task.base.version
-            staleness[stale] = staleness.get(stale, 0) + 1
-            if c.weight is not None:
-                received[client] = received.get(client, 0.0) + c.weight
+            staleness[stale] = staleness_get(stale, 0) + 1
+            weight = c.weight
+            if weight is not None:
+                received[client] = received_get(client, 0.0) + weight
         k = self.eval_every_aggregations
         if k is not None and ctr.aggregations % k == 0:
             self._record(self.now)
@@ -351,8 +353,9 @@ class Simulator:
             return
         batch = list(self._pending.values())
         self._pending = {}
+        results = self._results
         for contribution in self.executor.run(batch):
-            self._results[contribution.task.task_id] = contribution
+            results[contribution.task.task_id] = contribution
 
     # ------------------------------------------------------------ records
     def _record(self, t: float) -> None:
@@ -421,7 +424,8 @@ class Simulator:
         finally:
             self._settle_in_flight()
         self._record(self.now)
-        self.on_progress(self)
+        if self.on_progress is not None:
+            self.on_progress(self)
         assert self.stop_reason is not None
         return self.stop_reason
 
@@ -432,48 +436,60 @@ class Simulator:
             self.push(dt, _EVAL, None)
         self.strategy.on_start(self.ctx)
         # the loop runs once per event: everything it touches is bound to a local
-        heap, pop = self._heap, heapq.heappop
+        heap, pop, push = self._heap, heapq.heappop, heapq.heappush
         in_flight, results, counters = self._in_flight, self._results, self.counters
         on_arrival, on_timer = self.strategy.on_arrival, self.strategy.on_timer
         on_progress, ctx, flush = self.on_progress, self.ctx, self._flush
         t_end = self.budget.virtual_time
-        while self.stop_reason is None:
-            if self._live_events == 0:
+        if t_end is None:
+            t_end = math.inf
+        # the heap holds one evaluation tick at most (it re-arms itself); arrivals and
+        # timers are the live events: with none left the run is idle
+        ticks = 0 if dt is None else 1
+        # `while True` + break, not `while <condition>`: CPython 3.11 only specializes
+        # the bytecode of a function called once when it takes an unconditional
+        # backward jump, so a `while <condition>` loop would run unspecialized
+        # (about twice as slow) for the whole run
+        while True:
+            if self.stop_reason is not None:
+                break
+            if len(heap) == ticks:
                 self.stop_reason = StopReason.IDLE
                 break
-            t, _, kind, payload = heap[0]
-            if t_end is not None and t > t_end:
+            event = pop(heap)
+            t, _, kind, payload = event
+            if t > t_end:
+                push(heap, event)  # (not run: the heap keeps it)
                 self.now = t_end
                 self.stop_reason = StopReason.VIRTUAL_TIME
                 break
-            pop(heap)
             self.now = t
             if kind == _ARRIVAL:
-                self._live_events -= 1
                 task: Task = payload
                 if task.cancelled:
                     continue
-                del in_flight[task.task_id]
+                tid = task.task_id
+                del in_flight[tid]
                 if not task.execute:
                     raise RuntimeError(
                         f"strategy {self.strategy.name!r} let a task dispatched with execute=False arrive"
                     )
-                contribution = results.pop(task.task_id, None)
+                contribution = results.pop(tid, None)
                 if contribution is None:  # not executed yet: run everything pending
                     flush()
-                    contribution = results.pop(task.task_id)
+                    contribution = results.pop(tid)
                 counters.bytes_up += task.cost.bytes_up
                 counters.updates_received += 1
                 counters.compute_s_spent += task.timing.compute_s
                 on_arrival(ctx, contribution)
             elif kind == _TIMER:
-                self._live_events -= 1
                 on_timer(ctx, payload)
             else:
                 self._record(t)
                 assert dt is not None
-                self.push(t + dt, _EVAL, None)
-            on_progress(self)
+                push(heap, (t + dt, next(self._seq), _EVAL, None))
+            if on_progress is not None:
+                on_progress(self)
 
     def _settle_in_flight(self) -> None:
         """Work still in flight when the run stops is never aggregated: spent and wasted."""

@@ -31,6 +31,7 @@ task duration, or the server's running estimate from observed update times.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
     from fedclock.config import ExperimentConfig
 
 TAU_SOURCES = ("profile", "estimated")
+
+_by_client = attrgetter("task.client")  # sort key of a commit: a fixed sum order
 
 
 class UpdateTimes:
@@ -132,14 +135,23 @@ class WeightRule:
         self.times = times
         self.delta_t = delta_t
         self.buffer_size = buffer_size
+        self._constant: dict[int, np.ndarray] = {}  # identical / fedbuff: d by commit size
 
     def __call__(self, ctx: Context, contributions: Sequence[Contribution]) -> np.ndarray:
         kind = self.kind
-        if kind == "identical":
-            return identical_weights(len(contributions))
-        if kind == "fedbuff":
-            assert self.buffer_size is not None
-            return fedbuff_weights(self.buffer_size, len(contributions))
+        if kind == "identical" or kind == "fedbuff":
+            # the same d_i for every update: one read-only array per commit size, built once
+            n = len(contributions)
+            d = self._constant.get(n)
+            if d is None:
+                if kind == "identical":
+                    d = identical_weights(n)
+                else:
+                    assert self.buffer_size is not None
+                    d = fedbuff_weights(self.buffer_size, n)
+                d.flags.writeable = False
+                self._constant[n] = d
+            return d
         clients = np.array([c.client for c in contributions], dtype=np.int64)
         p = self.importance[clients]
         if kind == "sync":
@@ -305,18 +317,18 @@ class _AllClients:
         for _ in range(self.concurrency):
             self._start(ctx, self._take_idle())
 
-    def _draw(self) -> float:
-        if not self._draws:
-            assert self._rng is not None
-            self._draws = self._rng.random(4096).tolist()
-        return self._draws.pop()
+    def _refill(self) -> list[float]:
+        """The next 4,096 uniform draws of the selection stream (taken from the end)."""
+        assert self._rng is not None
+        self._draws = self._rng.random(4096).tolist()
+        return self._draws
 
     def _take_idle(self) -> int:
         """Remove and return a client drawn uniformly from the idle ones."""
         idle = self._idle
-        i = int(self._draw() * len(idle))
+        i = int((self._draws or self._refill()).pop() * len(idle))
         client = idle[i]
-        idle[i] = idle[-1]
+        idle[i] = idle[-1]  # swap-remove: O(1)
         idle.pop()
         return client
 
@@ -324,20 +336,22 @@ class _AllClients:
         """``client``'s update has been used: it (or, with a concurrency, a random idle client) starts."""
         if self.concurrency is not None:
             # ``client`` joins the idle ones and one of them, uniformly, takes its slot
+            # (the per-arrival hot path: the draw is inlined)
             idle = self._idle
-            i = int(self._draw() * (len(idle) + 1))
-            if i < len(idle):
+            n = len(idle)
+            i = int((self._draws or self._refill()).pop() * (n + 1))
+            if i < n:
                 client, idle[i] = idle[i], client
         ctx.start(client)
         if self._estimating:
             self.times.started(client, ctx.now)
 
     def _commit_and_restart(self, ctx: Context, arrived: list[Contribution]) -> None:
-        batch = sorted(arrived, key=lambda c: c.client)  # fixed sum order
+        batch = sorted(arrived, key=_by_client)  # fixed sum order
         ctx.commit(batch)
         if not ctx.stopping:
             for c in batch:
-                self._restart(ctx, c.client)
+                self._restart(ctx, c.task.client)
 
 
 class ArrivalBuffer(_AllClients):
@@ -364,17 +378,29 @@ class ArrivalBuffer(_AllClients):
     def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
         if self._estimating:
             self.times.observe(contribution.task, ctx.now)
-        self._buffer.append(contribution)
+        buffer = self._buffer
+        buffer.append(contribution)
         if self.concurrency is None:
-            if len(self._buffer) >= self.buffer_size:
-                arrived, self._buffer = self._buffer, []
-                self._commit_and_restart(ctx, arrived)
+            if len(buffer) >= self.buffer_size:
+                self._buffer = []
+                self._commit_and_restart(ctx, buffer)
             return
-        if len(self._buffer) >= self.buffer_size:
-            arrived, self._buffer = self._buffer, []
-            ctx.commit(sorted(arrived, key=lambda c: c.client))
-        if not ctx.stopping:
-            self._restart(ctx, contribution.client)
+        if len(buffer) >= self.buffer_size:
+            self._buffer = []
+            ctx.commit(sorted(buffer, key=_by_client))
+            if ctx.stopping:  # (only a commit can end the run during a callback)
+                return
+        # the slot is free: the client joins the idle ones and one of them, uniformly,
+        # takes it (self._restart inlined: this runs once per event)
+        client = contribution.task.client
+        idle = self._idle
+        n = len(idle)
+        i = int((self._draws or self._refill()).pop() * (n + 1))
+        if i < n:
+            client, idle[i] = idle[i], client
+        ctx.start(client)
+        if self._estimating:
+            self.times.started(client, ctx.now)
 
     def on_timer(self, ctx: Context, tag: Any) -> None:
         return None
