@@ -184,8 +184,9 @@ def run_fedclock(
         ex = SerialExecutor(model, data, seed=seed, lr=setup.lr, device=DEVICE)
     else:
         ex = VectorizedExecutor(
-            model, data, seed=seed, lr=setup.lr, max_batch_clients=max_batch_clients, device=DEVICE
-        )
+            model, data, seed=seed, lr=setup.lr, max_batch_clients=max_batch_clients,
+            device=DEVICE, delta_views=True,  # as run_experiment sets it for synchronous rounds
+        )  # fmt: skip
     evaluator = Evaluator(
         mlp(setup.hidden, seed), d.x_test, d.y_test, batch_size=len(d.y_test), device=DEVICE
     )

@@ -437,3 +437,28 @@ def test_smallest_draws_equal_the_stable_argsort_prefix(rows, n, take_frac, dup,
     take = max(1, min(n, int(take_frac * n)))
     expected = np.argsort(u, axis=1, kind="stable")[:, :take]
     assert np.array_equal(_smallest(u, take), expected)
+
+
+@pytest.mark.parametrize("mixed_versions", [False, True])
+def test_delta_views_give_the_same_contributions(mixed_versions: bool) -> None:
+    """Synchronous rounds share the block's storage as deltas: same values as the copies."""
+    sizes = [20, 11, 30, 16]
+    data = _data(sizes, (1, 8, 8))
+    m = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[8], seed=2)
+    v0 = snapshot(m, 0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1)
+    v1 = snapshot(m, 1)
+    tasks = _tasks(v0, sizes, 8, epochs=1.0)
+    if mixed_versions:
+        tasks[1] = _tasks(v1, sizes, 8, epochs=1.0)[1]
+    opts = dict(seed=5, lr=0.05, momentum=0.5)
+    copies = VectorizedExecutor(m, data, **opts).run(tasks)  # type: ignore[arg-type]
+    views = VectorizedExecutor(m, data, delta_views=True, **opts).run(tasks)  # type: ignore[arg-type]
+    for a, b in zip(copies, views, strict=True):
+        assert a.delta.keys() == b.delta.keys()
+        assert all(torch.equal(a.delta[k], b.delta[k]) for k in a.delta)
+    fresh = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[8], seed=2)
+    for k, p in fresh.named_parameters():  # the base snapshot is never written in place
+        assert torch.equal(v0.params[k], p.detach())

@@ -27,7 +27,7 @@ from fedclock.metrics.recorder import CLIENT_LOSS_COLUMNS, RunRecorder, summariz
 from fedclock.models import build_model, layer_view, param_bytes
 from fedclock.rng import torch_seed
 from fedclock.sim.simulator import Budget, Simulator
-from fedclock.strategies import BuildInfo, Strategy, build_strategy, fedavg_weights
+from fedclock.strategies import BuildInfo, Strategy, SyncRounds, build_strategy, fedavg_weights
 from fedclock.train.evaluate import ClientLossEvaluator, Evaluator
 from fedclock.train.executor import ClientData, make_executor, resolve_device, snapshot
 
@@ -175,6 +175,7 @@ def run_experiment(
     executor: Any = make_executor(
         cfg.executor.kind, model, data, seed=cfg.seed, train=cfg.train,
         device=cfg.executor.device, max_batch_clients=cfg.executor.max_batch_clients,
+        delta_views=isinstance(strategy.trigger, SyncRounds),
     )  # fmt: skip
     if hasattr(strategy.planner, "s"):  # SALF family: layer-suffix and width-sliced tasks
         from fedclock.train.partial import PartialExecutor

@@ -69,6 +69,15 @@ class FedAvgAggregator:
             return base
         p = fedavg_weights([c.num_samples for c in contributions], self.weights)
         step = weighted_delta(contributions, p)
-        params = {k: v + self.server_lr * step[k] for k, v in base.params.items()}
+        names = list(base.params)
+        old = [base.params[k] for k in names]
+        upd = [step[k] for k in names]
+        # θ + η_g·Δ; with η_g = 1 one fused add (x·1.0 is exact, so the values are the same)
+        new = (
+            torch._foreach_add(old, upd)
+            if self.server_lr == 1.0
+            else [v + self.server_lr * d for v, d in zip(old, upd, strict=True)]
+        )
+        params = dict(zip(names, new, strict=True))
         buffers = average_buffers(contributions, p) if base.buffers else {}
         return ModelVersion(version=base.version + 1, params=params, buffers=buffers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -10,12 +11,20 @@ from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, Task
 
 
-def select_clients(rng: np.random.Generator, num_clients: int, fraction: float) -> np.ndarray:
-    """A round's participants: max(1, ⌊C·N⌋) clients without replacement, sorted."""
+def select_clients(
+    rng: np.random.Generator | Callable[[], np.random.Generator], num_clients: int, fraction: float
+) -> np.ndarray:
+    """A round's participants: max(1, ⌊C·N⌋) clients without replacement, sorted.
+
+    ``rng`` may be a callable that makes the stream: it is then only built when a draw is
+    needed (C < 1), since building a numpy stream costs more than the rest of a round's
+    bookkeeping.
+    """
     m = max(1, int(fraction * num_clients + 1e-9))  # McMahan et al.: m = max(⌊C·K⌋, 1)
     if m >= num_clients:
         return np.arange(num_clients)
-    return np.sort(rng.choice(num_clients, size=m, replace=False))
+    g = rng() if callable(rng) else rng
+    return np.sort(g.choice(num_clients, size=m, replace=False))
 
 
 class SyncRounds:
@@ -43,8 +52,9 @@ class SyncRounds:
         self._start_round(ctx)
 
     def _start_round(self, ctx: Context) -> None:
+        r = self.round
         clients = select_clients(
-            ctx.rng("select", self.round), ctx.num_clients, self.client_fraction
+            lambda: ctx.rng("select", r), ctx.num_clients, self.client_fraction
         )
         self._arrived = []
         self._outstanding = {}

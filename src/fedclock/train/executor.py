@@ -243,6 +243,7 @@ def make_executor(
     train,
     device: str,
     max_batch_clients: int | None = None,
+    delta_views: bool = False,
 ) -> SerialExecutor | VectorizedExecutor:
     """Build the executor named in the config.
 
@@ -259,5 +260,7 @@ def make_executor(
     if kind == "serial":
         return SerialExecutor(model, data, **kwargs)
     if kind in ("auto", "vectorized"):
-        return make_vectorized_or_serial(model, data, max_batch_clients=max_batch_clients, **kwargs)
+        return make_vectorized_or_serial(
+            model, data, max_batch_clients=max_batch_clients, delta_views=delta_views, **kwargs
+        )
     raise ValueError(f"unknown executor {kind!r}; allowed: auto, serial, vectorized")

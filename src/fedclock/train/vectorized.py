@@ -187,6 +187,7 @@ class VectorizedExecutor:
         width_views: Callable[[float], Mapping[str, tuple[slice, ...]]] | None = None,
         scaled: Sequence[nn.Module] = (),
         serial: Any = None,
+        delta_views: bool = False,
     ) -> None:
         if max_batch_clients is not None and max_batch_clients < 1:
             raise ValueError(
@@ -221,6 +222,10 @@ class VectorizedExecutor:
         self._width_views = width_views
         self._scaled = tuple(scaled)
         self._serial_fallback = serial  # run_one for lone or unbatchable tasks
+        # synchronous rounds (every update of a batch is aggregated in the same round): the
+        # block's stacked parameters become its deltas in place and each contribution holds
+        # a view, instead of one copy per client (see _contributions)
+        self._delta_views = delta_views
         self._split_steps: dict[tuple[bool, bool], Any] = {}
         self._reason = unsupported_model_reason(model)
         self._logged: set[str] = set()
@@ -337,19 +342,21 @@ class VectorizedExecutor:
         groups: dict[tuple[int, int], list[int]] = {}
         for j in range(n_clients):
             groups.setdefault((sizes[j], steps[j]), []).append(j)
+        positions = {
+            (n, k): batch_positions(batch_keys(self.seed, [tasks[j] for j in members]), n, k, b)
+            for (n, k), members in groups.items()
+        }
+        if len(groups) == 1:
+            pos = next(iter(positions.values()))  # every client of the block, in order
+            if pos.shape[1] == n_steps * b:  # no padding anywhere: one gather for the block
+                all_idx, offsets = self.data.flat
+                clients = np.fromiter((t.client for t in tasks), dtype=np.int64, count=n_clients)
+                at = torch.from_numpy(offsets[clients][:, None] + pos)
+                return all_idx[at].view(n_clients, n_steps, b)
         flat: list[torch.Tensor] = [torch.empty(0, dtype=torch.int64)] * n_clients
-        for (n, k), members in groups.items():
-            keys = batch_keys(self.seed, [tasks[j] for j in members])
-            pos = torch.from_numpy(batch_positions(keys, n, k, b))
+        for key, members in groups.items():
             for r, j in enumerate(members):
-                flat[j] = pos[r]
-        if len(groups) == 1 and flat[0].numel() == n_steps * b:  # no padding anywhere
-            # one gather for the block: local positions + each client's offset into the
-            # concatenated indices (``pos`` holds the rows of this single group, in order)
-            all_idx, offsets = self.data.flat
-            clients = np.fromiter((t.client for t in tasks), dtype=np.int64, count=n_clients)
-            at = torch.from_numpy(offsets[clients][:, None] + pos.numpy())
-            return all_idx[at].view(n_clients, n_steps, b)
+                flat[j] = torch.from_numpy(positions[key][r])
         idx = [self.data.indices[t.client] for t in tasks]
         rows = torch.full((n_clients, n_steps, b), -1, dtype=torch.int64)
         for j in range(n_clients):
@@ -368,9 +375,13 @@ class VectorizedExecutor:
         steps = [t.plan.local_steps for t in tasks]  # non-increasing
         n_steps = steps[0] if steps else 0
         rows_cpu = self._rows(tasks, steps, b)
-        counts = (rows_cpu >= 0).sum(-1)  # (C, S) real rows per batch
         active = [sum(1 for k in steps if k > s) for s in range(n_steps)]
-        partial = ((counts < b) & (counts > 0)).any(0).tolist()
+        padded = steps[-1] < n_steps or bool((rows_cpu < 0).any())
+        if padded:
+            counts = (rows_cpu >= 0).sum(-1)  # (C, S) real rows per batch
+            partial = ((counts < b) & (counts > 0)).any(0).tolist()
+        else:
+            partial = [False] * n_steps
         rows = rows_cpu.to(self.device)
         if any(partial):
             weights = torch.where(
@@ -486,18 +497,25 @@ class VectorizedExecutor:
                         if full is None:
                             full = kept[n] = torch.zeros_like(task.base.params[n])
                         full[views[n]] = m[j]
-        # each client's delta is its own tensor, not a view of the block: a contribution
-        # that waits long for its arrival must not keep the whole block alive (one fused
-        # subtraction for the whole block)
+        # by default each client's delta is its own tensor, not a view of the block: a
+        # contribution that waits long for its arrival must not keep the whole block alive
+        # (one fused subtraction for the whole block). Under synchronous rounds the block's
+        # contributions are all aggregated together, so the stacked parameters are turned
+        # into deltas in place and shared as views (same values, no copies)
         k = len(names)
         with torch.no_grad():
-            rows = [p[j] for j in range(len(tasks)) for p in params]
-            refs = (
-                base_params * len(tasks)
-                if shared
-                else [b[j] for j in range(len(tasks)) for b in base_params]
-            )
-            flat = torch._foreach_sub(rows, refs)
+            if self._delta_views:
+                for p, ref in zip(params, base_params, strict=True):
+                    p.sub_(ref)  # (C, ...) − (...) broadcasts over the block when shared
+                flat = [p[j] for j in range(len(tasks)) for p in params]
+            else:
+                rows = [p[j] for j in range(len(tasks)) for p in params]
+                refs = (
+                    base_params * len(tasks)
+                    if shared
+                    else [b[j] for j in range(len(tasks)) for b in base_params]
+                )
+                flat = list(torch._foreach_sub(rows, refs))
         out = []
         for j, task in enumerate(tasks):
             delta = dict(zip(names, flat[j * k : (j + 1) * k], strict=True))
@@ -542,6 +560,7 @@ def make_vectorized_or_serial(
     weight_decay: float,
     device: torch.device,
     max_batch_clients: int | None = None,
+    delta_views: bool = False,
 ) -> VectorizedExecutor | SerialExecutor:
     """A :class:`VectorizedExecutor` if the model allows it, else a serial one (logged once)."""
     reason = unsupported_model_reason(model)
@@ -551,7 +570,9 @@ def make_vectorized_or_serial(
     if reason is not None:
         log.info("vectorized executor unavailable (%s); using the serial executor", reason)
         return SerialExecutor(model, data, **kwargs)
-    return VectorizedExecutor(model, data, max_batch_clients=max_batch_clients, **kwargs)
+    return VectorizedExecutor(
+        model, data, max_batch_clients=max_batch_clients, delta_views=delta_views, **kwargs
+    )
 
 
 __all__ = [
