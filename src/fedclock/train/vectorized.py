@@ -23,7 +23,10 @@ parameter update for the whole block. The result equals
 
 Memory: client data is held once (index views); stacked parameters, momentum
 and gradients exist only for the block in flight, and each contribution owns its
-own delta tensors (not views of the block's stacked tensors). Blocks hold at most
+own delta tensors (not views of the block's stacked tensors) — except under
+synchronous rounds (``delta_views``), where every update of a block is aggregated in
+the same round, so the stacked parameters become the deltas in place and the
+contributions share them as views. Blocks hold at most
 ``max_batch_clients`` clients; the automatic default keeps the largest stacked
 tensor of a block (a parameter/gradient, or an activation) under
 ``block_bytes`` (16 MiB): larger blocks are *slower* on CPU, because tensors
