@@ -424,6 +424,34 @@ def test_sweep_table_and_resume(tmp_path) -> None:
     assert reran == [None] * 4  # every finished cell reused
 
 
+def test_sweep_runs_vanilla_once_over_fields_it_does_not_read(tmp_path) -> None:
+    """Vanilla ignores the straggler ratio: one run per seed fills every value's row, and
+    it equals a run made at another value."""
+    from fedclock.sweep import reads, run_sweep
+
+    cfg = _cfg(**{"budget.aggregations": 3})
+    path, values = "population.straggler_ratio", [0.3, 0.9]
+    assert not reads(cfg, "vanilla", path) and reads(cfg, "salf", path)
+    assert reads(cfg, "vanilla", "train.lr")
+    ran: list[tuple[str, object]] = []
+    rows, err = run_sweep(cfg, path, values, ["vanilla"], [1, 2], tmp_path / "s",
+                          on_result=lambda label, seed, r: ran.append((label, r)))  # fmt: skip
+    assert err is None and len(ran) == 4  # two values × two seeds reported, two runs made
+    assert [r is not None for _, r in ran] == [True, True, False, False]
+    assert "does not read" in ran[2][0]
+    assert not (tmp_path / "s" / "runs" / "vanilla" / f"{path}=0.9").exists()
+    a, b = rows
+    assert {k: v for k, v in a.items() if k != path} == {k: v for k, v in b.items() if k != path}
+    # the shared cell is what a vanilla run at the other value gives
+    other = run_experiment(_cfg(**{"budget.aggregations": 3, "strategy.name": "vanilla",
+                                   "salf.scenario": "ratio", path: 0.9, "seed": 1}),
+                           run_dir=tmp_path / "direct")  # fmt: skip
+    shared = run_experiment(_cfg(**{"budget.aggregations": 3, "strategy.name": "vanilla",
+                                    "salf.scenario": "ratio", path: 0.3, "seed": 1}),
+                            run_dir=tmp_path / "direct3")  # fmt: skip
+    assert [r["test_loss"] for r in other.history] == [r["test_loss"] for r in shared.history]
+
+
 def test_authors_normalization_needs_mnist(tmp_path) -> None:
     from fedclock.errors import ConfigError
 

@@ -1,7 +1,9 @@
 """``fedclock sweep``: strategies × values of one config field × seeds, one table.
 
 Every (strategy, value, seed) cell is one run under ``OUT/runs/<strategy>/<path>=<value>/seed-<s>``;
-a finished cell whose stored config matches is reused (resumable). The table
+a finished cell whose stored config matches is reused (resumable). A strategy that does not
+read the swept field (SALF-family ``vanilla`` over the straggler ratio or t_max) runs at the
+first value only and its results fill the other values' rows. The table
 (``table.csv`` / ``table.md``, table contract of :mod:`fedclock.compare`: identifying
 columns ``strategy`` and the swept path, then ``<metric>_mean``/``_std`` over seeds) is
 written with compare's helpers; ``pivot.md`` holds the headline metric as a
@@ -58,6 +60,17 @@ def headline_metric(rows: Sequence[dict[str, Any]]) -> str:
     return "final_test_accuracy"
 
 
+# SALF family: fields a method never reads, so its cells are identical along them (vanilla
+# trains every user fully with no deadline: the straggler ratio and t_max change nothing)
+_UNREAD_BY = {"vanilla": ("population.straggler_ratio", "strategy.t_max")}
+
+
+def reads(cfg: ExperimentConfig, strategy: str, path: str) -> bool:
+    """Whether ``strategy``'s runs depend on the config field ``path`` (False: one run per
+    seed serves every value of a sweep over it)."""
+    return not (cfg.salf.scenario is not None and path in _UNREAD_BY.get(strategy, ()))
+
+
 def run_sweep(
     cfg: ExperimentConfig,
     path: str,
@@ -77,21 +90,28 @@ def run_sweep(
     error = None
     for entry in strategies:
         name, _ = parse_strategy(entry)
+        # a strategy that does not read the swept field runs at the first value only; the
+        # other values' rows repeat its results (their run folders are not written)
+        once = not reads(cells[values[0]], name, path)
         for v in values:
             summaries = []
             for seed in seeds:
-                ccfg = cell_config(cells[v], entry, seed)
-                run_dir = out / "runs" / entry_dir(entry) / f"{path}={v}" / f"seed-{seed}"
-                label = f"{entry} {path}={v} seed {seed}"
+                at = values[0] if once else v
+                ccfg = cell_config(cells[at], entry, seed)
+                run_dir = out / "runs" / entry_dir(entry) / f"{path}={at}" / f"seed-{seed}"
+                label = f"{entry} {path}={at} seed {seed}"
+                cell = f"{entry} {path}={v}"
+                if at != v:
+                    cell += f" (the {path}={at} run: {name} does not read {path})"
                 summary = reusable(run_dir, ccfg)
                 if summary is None:
                     result = run_experiment(ccfg, run_dir=run_dir, progress=progress_factory(label))
-                    on_result(label, seed, result)
+                    on_result(cell, seed, result)
                     summary = result.summary
                     if summary["status"] != "completed":
                         error = error or result.error
                 else:
-                    on_result(label, seed, None)
+                    on_result(cell, seed, None)
                 summaries.append(summary)
             rows.append(aggregate_rows(summaries, {"strategy": name, path: v}))
     if rows:
