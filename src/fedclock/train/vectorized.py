@@ -48,13 +48,23 @@ code path, which is 2–4× faster than ``vmap`` for a single client. The simula
 lazily (all tasks dispatched since the last arrival that needed a result, in one batch), so
 asynchronous strategies that dispatch one task per arrival still send large batches.
 
+BatchNorm models (:data:`BATCHNORM_MODULES`, e.g. VGG's conv-BN-ReLU): plain local-SGD tasks
+are batched, with each client's running statistics (``num_batches_tracked`` included) stacked
+along the block like its parameters (expanded from a shared base, else stacked from each
+task's base) and passed to every step's ``functional_call`` in train mode, so BatchNorm
+updates each client's slice in place; each contribution carries its own copy of its final
+statistics, as the serial path returns them.
+
 Fallback to the serial executor, reported once per reason in the
-``fedclock`` log: models with buffers (e.g. BatchNorm statistics, which the
-serial path updates in train mode), dropout (random masks), or a layer type
-outside :data:`BATCHABLE_MODULES` (e.g. ``nn.LSTM``, whose fused kernel has no
-batching rule and gives wrong gradients under ``vmap``), and task plans
-other than :class:`~fedclock.sim.types.TaskPlan` (task types this executor
-cannot batch yet).
+``fedclock`` log: models with buffers other than BatchNorm running statistics,
+BatchNorm with ``momentum=None``, dropout (random masks), or a layer type
+outside :data:`BATCHABLE_MODULES` and :data:`BATCHNORM_MODULES` (e.g. ``nn.LSTM``,
+whose fused kernel has no batching rule and gives wrong gradients under ``vmap``);
+task plans other than :class:`~fedclock.sim.types.TaskPlan` (task types this
+executor cannot batch yet); and on BatchNorm models, tasks with a partial batch
+(padding rows would enter the batch statistics) and SALF-family tasks (layer
+suffixes, reference mode, HeteroFL widths; :class:`~fedclock.train.partial.PartialExecutor`
+runs those serially for models with buffers anyway).
 """
 
 from __future__ import annotations
@@ -97,13 +107,37 @@ BATCHABLE_MODULES: tuple[type[nn.Module], ...] = (
 )  # fmt: skip
 
 
+BATCHNORM_MODULES: tuple[type[nn.Module], ...] = (nn.BatchNorm1d, nn.BatchNorm2d)
+"""BatchNorm layers, batched for plain local-SGD tasks only (their running statistics are
+stacked per client and passed to every step; see the module docstring)."""
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    """Whether ``model`` has a :data:`BATCHNORM_MODULES` layer."""
+    return any(isinstance(m, BATCHNORM_MODULES) for m in model.modules())
+
+
 def unsupported_model_reason(model: nn.Module) -> str | None:
-    """Why ``model`` cannot be trained by :class:`VectorizedExecutor`, or ``None`` if it can."""
-    if any(True for _ in model.buffers()):
-        return "the model has buffers (e.g. BatchNorm running statistics)"
+    """Why ``model`` cannot be trained by :class:`VectorizedExecutor`, or ``None`` if it can.
+
+    BatchNorm layers (with a fixed ``momentum``) are allowed, and their running statistics
+    are the only buffers allowed: the executor then batches plain local-SGD tasks only.
+    """
+    bn_buffers = {
+        id(b)
+        for m in model.modules()
+        if isinstance(m, BATCHNORM_MODULES)
+        for b in m.buffers(recurse=False)
+    }
+    if any(id(b) not in bn_buffers for b in model.buffers()):
+        return "the model has buffers other than BatchNorm running statistics"
     for m in model.modules():
         if isinstance(m, nn.modules.dropout._DropoutNd):
             return "the model uses dropout (random masks per client)"
+        if isinstance(m, BATCHNORM_MODULES):
+            if m.momentum is None:  # cumulative average: 1/num_batches_tracked as a float
+                return "the model has a BatchNorm layer with momentum=None"
+            continue
         if not any(True for _ in m.children()) and not isinstance(m, BATCHABLE_MODULES):
             return f"the model has a {type(m).__name__} layer, not known to batch exactly"
     if not any(p.requires_grad for p in model.parameters()):
@@ -124,10 +158,13 @@ def _largest_activation(
 
     ref = next(model.parameters())
     handles = [m.register_forward_hook(hook) for m in model.modules()]
+    training = model.training
+    model.eval()  # BatchNorm: no running-statistics update, and one sample is allowed
     try:
         with torch.no_grad():
             model(torch.zeros(1, *input_shape, dtype=ref.dtype, device=device))
     finally:
+        model.train(training)
         for h in handles:
             h.remove()
     return largest
@@ -231,11 +268,22 @@ class VectorizedExecutor:
         self._delta_views = delta_views
         self._split_steps: dict[tuple[bool, bool], Any] = {}
         self._reason = unsupported_model_reason(model)
+        # BatchNorm models: plain local-SGD tasks only, with each client's running statistics
+        # stacked along the block and updated in place by every step (see _run_block)
+        self._bn = has_batchnorm(model)
+        self._buffer_names = [n for n, _ in model.named_buffers()]
+        salf = (
+            layer_of is not None or keep_last or momentum_store is not None
+            or width_views is not None or bool(scaled)
+        )  # fmt: skip
+        self._bn_salf = self._bn and salf
         self._logged: set[str] = set()
         self._serial: SerialExecutor | None = None
         self._auto: dict[int, int] = {}
         self._step = vmap(grad_and_value(self._loss))
         self._step_weighted = vmap(grad_and_value(self._loss_weighted))
+        self._step_bn = vmap(grad_and_value(self._loss_bn))
+        self._step_bn_weighted = vmap(grad_and_value(self._loss_bn_weighted))
 
     # ------------------------------------------------------------ losses
     def _loss(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -247,6 +295,18 @@ class VectorizedExecutor:
         # w = 1/count on the real rows, 0 on padding: the mean over the real rows
         ce = F.cross_entropy(functional_call(self.model, params, (x,)), y, reduction="none")
         return (ce * w).sum()
+
+    def _loss_bn(
+        self, params: Params, buffers: Params, x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
+        # train mode: BatchNorm updates this client's slice of the stacked buffers in place
+        return F.cross_entropy(functional_call(self.model, {**params, **buffers}, (x,)), y)
+
+    def _loss_bn_weighted(
+        self, params: Params, buffers: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+    ) -> torch.Tensor:
+        out = functional_call(self.model, {**params, **buffers}, (x,))
+        return (F.cross_entropy(out, y, reduction="none") * w).sum()
 
     def _loss_split(
         self, params: Params, frozen: Params, x: torch.Tensor, y: torch.Tensor
@@ -317,7 +377,19 @@ class VectorizedExecutor:
             return "width-sliced (HeteroFL) tasks need the submodel's slices"
         if task.plan.depth is not None and self._layer_of is None:
             return "layer-suffix tasks need the model's layer map"
+        if self._bn:
+            if self._bn_salf or task.plan.depth is not None or task.plan.width is not None:
+                return "SALF-family tasks on a BatchNorm model are not batched"
+            if self._has_partial_batch(task):
+                return "a BatchNorm model's batch statistics would include padded rows"
+            if any(n not in task.base.buffers for n in self._buffer_names):
+                return "the task's base version lacks the model's BatchNorm buffers"
         return None
+
+    def _has_partial_batch(self, task: Task) -> bool:
+        """Whether a task's batches include a short one (the last of an epoch when B ∤ n)."""
+        n, b = len(self.data.indices[task.client]), task.plan.batch_size
+        return n % b != 0 and task.plan.local_steps >= -(-n // b)
 
     def _log_once(self, reason: str) -> None:
         if reason not in self._logged:
@@ -385,6 +457,9 @@ class VectorizedExecutor:
             partial = ((counts < b) & (counts > 0)).any(0).tolist()
         else:
             partial = [False] * n_steps
+        if self._bn and any(partial):  # not expected: _why_serial sends such tasks serially
+            self._log_once("a BatchNorm model's batch statistics would include padded rows")
+            return [self._serial_executor().run_one(t) for t in tasks]
         rows = rows_cpu.to(self.device)
         if any(partial):
             weights = torch.where(
@@ -418,6 +493,22 @@ class VectorizedExecutor:
             frozen = {
                 n: torch.stack([t.base.params[n] for t in tasks]).to(self.device) for n in fixed
             }
+        # BatchNorm running statistics: one slice per client, updated in place by each step
+        if not self._bn:
+            stats: Params | None = None
+        elif shared:
+            stats = {
+                n: base.buffers[n].to(self.device).unsqueeze(0)
+                .expand(n_clients, *base.buffers[n].shape).clone()
+                for n in self._buffer_names
+            }  # fmt: skip
+        else:
+            stats = {
+                n: torch.stack([t.base.buffers[n] for t in tasks]).to(self.device)
+                for n in self._buffer_names
+            }
+        if stats is not None:
+            self.model.train()
         store = self._momentum_store
         if not self.momentum:
             bufs: list[torch.Tensor] = []
@@ -439,19 +530,19 @@ class VectorizedExecutor:
         try:
             self._train_steps(
                 n_steps, active, rows, params, names, fixed, frozen, shared, partial,
-                weights if any(partial) else None, bufs, loss_sum, n_clients,
+                weights if any(partial) else None, bufs, loss_sum, n_clients, stats,
             )  # fmt: skip
         finally:
             for h in hooks:
                 h.remove()
         return self._contributions(tasks, names, fixed, params, base_params, shared, bufs,
-                                   loss_sum, steps, views)  # fmt: skip
+                                   loss_sum, steps, views, stats)  # fmt: skip
 
     def _train_steps(
         self, n_steps: int, active: list[int], rows: torch.Tensor, params: list[torch.Tensor],
         names: list[str], fixed: list[str], frozen: Params, shared: bool, partial: list[bool],
         weights: torch.Tensor | None, bufs: list[torch.Tensor], loss_sum: torch.Tensor,
-        n_clients: int,
+        n_clients: int, stats: Params | None = None,
     ) -> None:  # fmt: skip
         lr, mu, wd = self.lr, self.momentum, self.weight_decay
         for s in range(n_steps):
@@ -465,6 +556,12 @@ class VectorizedExecutor:
                 step = self._split_step(partial[s], shared)
                 extra = (w_s,) if w_s is not None else ()
                 grads, loss = step(state, fz, self._x[r], self._y[r], *extra)
+            elif stats is not None:  # BatchNorm: each client's running statistics
+                st = stats if k == n_clients else {n: v[:k] for n, v in stats.items()}
+                if w_s is not None:
+                    grads, loss = self._step_bn_weighted(state, st, self._x[r], self._y[r], w_s)
+                else:
+                    grads, loss = self._step_bn(state, st, self._x[r], self._y[r])
             elif w_s is not None:
                 grads, loss = self._step_weighted(state, self._x[r], self._y[r], w_s)
             else:
@@ -485,7 +582,7 @@ class VectorizedExecutor:
         self, tasks: Sequence[Task], names: list[str], fixed: list[str],
         params: list[torch.Tensor], base_params: list[torch.Tensor], shared: bool,
         bufs: list[torch.Tensor], loss_sum: torch.Tensor, steps: list[int],
-        views: Mapping[str, tuple[slice, ...]] | None,
+        views: Mapping[str, tuple[slice, ...]] | None, stats: Params | None = None,
     ) -> list[Contribution]:  # fmt: skip
         losses = loss_sum.tolist()
         store = self._momentum_store
@@ -545,7 +642,8 @@ class VectorizedExecutor:
                 Contribution(
                     task=task,
                     delta=delta,
-                    buffers={},
+                    # as SerialExecutor: each client's own copy of its final statistics
+                    buffers={} if stats is None else {n: v[j].clone() for n, v in stats.items()},
                     num_samples=len(self.data.indices[task.client]),
                     train_loss=losses[j] / max(1, steps[j]),
                 )
@@ -580,10 +678,12 @@ def make_vectorized_or_serial(
 
 __all__ = [
     "BATCHABLE_MODULES",
+    "BATCHNORM_MODULES",
     "BLOCK_BYTES",
     "CUDA_BLOCK_BYTES",
     "VectorizedExecutor",
     "auto_max_batch_clients",
+    "has_batchnorm",
     "make_vectorized_or_serial",
     "unsupported_model_reason",
 ]
