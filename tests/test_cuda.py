@@ -92,3 +92,23 @@ def test_run_on_cuda_matches_cpu(tmp_path, name: str) -> None:
         assert ra["virtual_time"] == rb["virtual_time"]  # the clock never depends on the device
         assert ra["aggregation"] == rb["aggregation"]
         assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=1e-3, abs=1e-4)
+
+
+def test_batchnorm_fedavg_on_cuda_matches_cpu(tmp_path) -> None:
+    """A VGG (BatchNorm, vectorized with per-client running statistics) on the GPU."""
+    histories = {}
+    for device in ("cpu", "cuda"):
+        cfg = load_config(
+            None,
+            [
+                "data.name=synthetic", "data.synthetic.num_samples=400",
+                "data.synthetic.image_shape=[3, 32, 32]", "data.synthetic.separation=2.0",
+                "partition.num_clients=4", "model.arch=vgg11", "model.vgg_width=0.125",
+                "train.lr=0.01", "train.batch_size=16", "budget.aggregations=3",
+                f"executor.device={device}",
+            ],
+        )  # fmt: skip
+        histories[device] = run_experiment(cfg, run_dir=tmp_path / device).history
+    for ra, rb in zip(histories["cpu"], histories["cuda"], strict=True):
+        assert ra["virtual_time"] == rb["virtual_time"]
+        assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=1e-3, abs=1e-3)
