@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from fedclock.config import load_config
 from fedclock.experiment import run_experiment
-from fedclock.models import build_model
 from fedclock.train.executor import SerialExecutor, snapshot
 from fedclock.train.vectorized import VectorizedExecutor
-from tests.test_vectorized import CASES, _assert_same, _data, _tasks
+from tests.test_vectorized import CASES, _assert_same, case_setup
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -30,26 +28,16 @@ def _on_cpu(contributions: list) -> list:
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("kind", ["serial", "vectorized"])
 def test_cuda_contributions_equal_cpu(name: str, kind: str) -> None:
-    case = CASES[name]
-    kw = dict(case.kw)
-    data = _data(list(case.sizes), case.shape)
-
-    def model() -> nn.Module:
-        return build_model(case.arch, input_shape=case.shape, num_classes=10, seed=1, **kw)  # type: ignore[arg-type]
-
-    base = snapshot(model(), 3)
-    tasks = _tasks(base, list(case.sizes), case.batch, epochs=case.epochs, steps=case.steps)
-    opts = dict(seed=5, lr=0.05, momentum=case.momentum, weight_decay=case.weight_decay)
-    cpu = SerialExecutor(model(), data, **opts).run(tasks)  # type: ignore[arg-type]
-    cuda_base = snapshot(model().cuda(), 3)
-    cuda_tasks = _tasks(
-        cuda_base, list(case.sizes), case.batch, epochs=case.epochs, steps=case.steps
-    )
+    data, model, tasks_on, opts = case_setup(CASES[name])
+    cpu = SerialExecutor(model(), data, **opts).run(tasks_on(snapshot(model(), 3)))
+    cuda_tasks = tasks_on(snapshot(model().cuda(), 3))
     ex: SerialExecutor | VectorizedExecutor
     if kind == "serial":
-        ex = SerialExecutor(model(), data, device="cuda", **opts)  # type: ignore[arg-type]
+        ex = SerialExecutor(model(), data, device="cuda", **opts)
     else:
-        ex = VectorizedExecutor(model(), data, device="cuda", max_batch_clients=case.block, **opts)  # type: ignore[arg-type]
+        ex = VectorizedExecutor(
+            model(), data, device="cuda", max_batch_clients=CASES[name].block, **opts
+        )
     _assert_same(cpu, _on_cpu(ex.run(cuda_tasks)), atol=1e-4, same_tasks=False)
 
 

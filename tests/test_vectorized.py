@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -129,33 +130,47 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_vectorized_matches_serial(name: str) -> None:
-    case = CASES[name]
+def case_setup(case: Case) -> tuple[ClientData, Any, Any, dict[str, Any]]:
+    """(data, model factory, tasks on a base version, executor options) for a case."""
     kw = dict(case.kw)
     data = _data(list(case.sizes), case.shape)
 
     def model() -> nn.Module:
         return build_model(case.arch, input_shape=case.shape, num_classes=10, seed=1, **kw)  # type: ignore[arg-type]
 
-    base = snapshot(model(), 3)
-    tasks = _tasks(base, list(case.sizes), case.batch, epochs=case.epochs, steps=case.steps)
+    def tasks_on(base: ModelVersion) -> list[Task]:
+        return _tasks(base, list(case.sizes), case.batch, epochs=case.epochs, steps=case.steps)
+
     opts = dict(seed=5, lr=0.05, momentum=case.momentum, weight_decay=case.weight_decay)
+    return data, model, tasks_on, opts
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_vectorized_matches_serial(name: str) -> None:
+    case = CASES[name]
+    data, model, tasks_on, opts = case_setup(case)
+    base = snapshot(model(), 3)
+    tasks = tasks_on(base)
     serial = SerialExecutor(model(), data, **opts).run(tasks)  # type: ignore[arg-type]
     vec = VectorizedExecutor(model(), data, max_batch_clients=case.block, **opts)  # type: ignore[arg-type]
     _assert_same(serial, vec.run(tasks))
     assert all(torch.equal(p, base.params[k]) for k, p in snapshot(model(), 3).params.items())
 
 
-def test_groups_by_base_version_and_keeps_task_order() -> None:
-    sizes = [20, 11, 30, 16]
-    data = _data(sizes, (1, 8, 8))
+def _two_versions() -> tuple[nn.Module, ModelVersion, ModelVersion]:
+    """A small MLP, its snapshot v0, and v1 = v0 + 0.1 (the model is left at v1)."""
     m = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[8], seed=2)
     v0 = snapshot(m, 0)
     with torch.no_grad():
         for p in m.parameters():
             p.add_(0.1)
-    v1 = snapshot(m, 1)
+    return m, v0, snapshot(m, 1)
+
+
+def test_groups_by_base_version_and_keeps_task_order() -> None:
+    sizes = [20, 11, 30, 16]
+    data = _data(sizes, (1, 8, 8))
+    m, v0, v1 = _two_versions()
     a = _tasks(v0, sizes, 8, epochs=1.0)
     b = _tasks(v1, sizes, 4, epochs=1.0, first_id=10)
     mixed = [a[0], b[1], a[2], b[3], a[1], b[0], a[3], b[2]]
@@ -579,12 +594,7 @@ def test_delta_views_give_the_same_contributions(mixed_versions: bool) -> None:
     """Synchronous rounds share the block's storage as deltas: same values as the copies."""
     sizes = [20, 11, 30, 16]
     data = _data(sizes, (1, 8, 8))
-    m = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[8], seed=2)
-    v0 = snapshot(m, 0)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(0.1)
-    v1 = snapshot(m, 1)
+    m, v0, v1 = _two_versions()
     tasks = _tasks(v0, sizes, 8, epochs=1.0)
     if mixed_versions:
         tasks[1] = _tasks(v1, sizes, 8, epochs=1.0)[1]

@@ -336,7 +336,7 @@ class _AllClients:
         """``client``'s update has been used: it (or, with a concurrency, a random idle client) starts."""
         if self.concurrency is not None:
             # ``client`` joins the idle ones and one of them, uniformly, takes its slot
-            # (the per-arrival hot path: the draw is inlined)
+            # (once per arrival under a concurrency: the draw is inlined)
             idle = self._idle
             n = len(idle)
             i = int((self._draws or self._refill()).pop() * (n + 1))
@@ -390,17 +390,8 @@ class ArrivalBuffer(_AllClients):
             ctx.commit(sorted(buffer, key=_by_client))
             if ctx.stopping:  # (only a commit can end the run during a callback)
                 return
-        # the slot is free: the client joins the idle ones and one of them, uniformly,
-        # takes it (self._restart inlined: this runs once per event)
-        client = contribution.task.client
-        idle = self._idle
-        n = len(idle)
-        i = int((self._draws or self._refill()).pop() * (n + 1))
-        if i < n:
-            client, idle[i] = idle[i], client
-        ctx.start(client)
-        if self._estimating:
-            self.times.started(client, ctx.now)
+        # the slot is free: the client joins the idle ones and one of them, uniformly, takes it
+        self._restart(ctx, contribution.task.client)
 
     def on_timer(self, ctx: Context, tag: Any) -> None:
         return None
