@@ -107,6 +107,34 @@ def test_compare_writes_the_table_contract_and_a_plot(tmp_path):
     assert again.exit_code == 0 and "reused finished run" in again.output
 
 
+def test_compare_tables_merge_the_strategies_of_earlier_commands(tmp_path):
+    """Strategies run into one --out by two commands give one table; a strategy whose
+    finished runs do not match the current config or seeds is left out."""
+    raw = tiny_raw(strategy={"name": "fedavg", "t_max": 1.5}, budget={"aggregations": 2})
+    cfg = _write(tmp_path, raw)
+    out = tmp_path / "cmp"
+
+    def compare(strategies: str, *extra: str):
+        args = ["compare", str(cfg), "--strategies", strategies, "--seeds", "1,2"]
+        res = runner.invoke(app, [*args, "--out", str(out), "-q", *extra])
+        assert res.exit_code == 0, res.output
+        return res, [r["strategy"] for r in csv.DictReader((out / "table.csv").open())]
+
+    compare("drop-stragglers")
+    res, names = compare("fedavg")
+    assert names == ["fedavg", "drop-stragglers"]
+    assert "the table also lists drop-stragglers" in res.output
+    assert "drop-stragglers" in (out / "table.md").read_text()
+    # other seeds: drop-stragglers' seed 3 never ran, so it is not in the table
+    res = runner.invoke(app, ["compare", str(cfg), "--strategies", "fedavg", "--seeds", "1,3",
+                              "--out", str(out), "-q"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert [r["strategy"] for r in csv.DictReader((out / "table.csv").open())] == ["fedavg"]
+    # another config: the earlier runs are not this experiment's
+    _, names = compare("fedavg", "--set", "train.lr=0.02")
+    assert names == ["fedavg"]
+
+
 def test_plot_overlays_runs(tmp_path):
     cfg = _write(tmp_path, tiny_raw(budget={"aggregations": 2}))
     for name in ("a", "b"):

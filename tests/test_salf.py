@@ -424,6 +424,27 @@ def test_sweep_table_and_resume(tmp_path) -> None:
     assert reran == [None] * 4  # every finished cell reused
 
 
+def test_sweep_table_merges_earlier_commands(tmp_path) -> None:
+    """Two sweeps into one folder (e.g. two processes split by strategy) give one table;
+    an earlier strategy joins at the values where all its seeds are finished."""
+    from fedclock.sweep import run_sweep
+
+    cfg = _cfg(**{"budget.aggregations": 2})
+    path, out = "population.straggler_ratio", tmp_path / "sweep"
+    run_sweep(cfg, path, [0.5], ["drop-stragglers"], [1], out)
+    merged: list[str] = []
+    rows, err = run_sweep(cfg, path, [0.5, 0.9], ["salf"], [1], out, on_merged=merged.append)
+    assert err is None and merged == ["drop-stragglers"]
+    assert [(r["strategy"], r[path]) for r in rows] == [
+        ("salf", 0.5), ("salf", 0.9), ("drop-stragglers", 0.5)
+    ]  # fmt: skip
+    assert "| drop-stragglers | 0." in (out / "pivot.md").read_text()
+    assert "—" in (out / "pivot.md").read_text()  # drop-stragglers at 0.9 never ran
+    # with another seed list nothing of drop-stragglers is finished
+    rows, _ = run_sweep(cfg, path, [0.5], ["salf"], [1, 2], out)
+    assert {r["strategy"] for r in rows} == {"salf"}
+
+
 def test_sweep_runs_vanilla_once_over_fields_it_does_not_read(tmp_path) -> None:
     """Vanilla ignores the straggler ratio: one run per seed fills every value's row, and
     it equals a run made at another value."""

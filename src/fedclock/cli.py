@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -179,6 +180,12 @@ def _note_reuse(progress: Progress, strategy: str, seed: int, result: Any) -> No
         progress.console.print(f"reused finished run {strategy} seed {seed}")
 
 
+def _note_merged(progress: Progress, out: Path, entry: str) -> None:
+    progress.console.print(
+        f"the table also lists {entry}: runs finished in {out} by another command"
+    )
+
+
 @app.command()
 def compare(
     config: ConfigArg = None,
@@ -269,11 +276,13 @@ def compare(
                 lr_tune_on=(lr_tune_on or cfg.compare.lr_tune_on) if rates else None,
                 progress_factory=lambda label: _Bar(progress, cfg, label),
                 on_result=lambda s, seed, r: _note_reuse(progress, s, seed, r),
+                on_merged=lambda e: _note_merged(progress, out_dir, e),
             )  # fmt: skip
     budget = f", budget {cfg.budget.virtual_time:g} virtual s" if cfg.budget.virtual_time else ""
     spread = " (mean ± std)" if len(seed_list) > 1 else ""
     table = Table(
-        title=f"{cfg.name}: {len(names)} strategies × {len(seed_list)} seed(s){budget}{spread}"
+        title=f"{cfg.name}: {len(rows) or len(names)} strategies × {len(seed_list)} seed(s)"
+        f"{budget}{spread}"
     )
     target = cfg.eval.target_accuracy
     cols = [
@@ -307,7 +316,7 @@ def compare(
     for r in rows:
         cells = [str(r[k]) if r[k] != "" else "—" for k in ids]
         for key, _, fmt in cols:
-            m, s = r[f"{key}_mean"], r[f"{key}_std"]
+            m, s = r.get(f"{key}_mean", math.nan), r.get(f"{key}_std", math.nan)
             text = "—" if m != m else format(m, fmt)
             cells.append(text if r["n_seeds"] == 1 or m != m else f"{text} ± {s:.2g}")
         table.add_row(r["strategy"], *cells)
@@ -378,6 +387,7 @@ def sweep(
                 cfg, path, values, names, seed_list, out_dir,
                 progress_factory=lambda label: _Bar(progress, cfg, label),
                 on_result=lambda s, seed, r: _note_reuse(progress, s, seed, r),
+                on_merged=lambda e: _note_merged(progress, out_dir, e),
             )  # fmt: skip
     metric = headline_metric(rows)
     table = Table(title=f"{cfg.name}: {metric} over {path} ({len(seed_list)} seed(s))")

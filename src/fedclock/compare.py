@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,38 @@ def parse_strategy(entry: str) -> tuple[str, dict[str, Any]]:
 def entry_dir(entry: str) -> str:
     """A folder name for a strategy entry (``fedfix:delta_t=0.2`` → ``fedfix-delta_t=0.2``)."""
     return entry.replace(":", "-").replace("/", "_")
+
+
+GRID_FILE = "grid.json"
+
+
+def remember_entries(out: Path, entries: Sequence[str]) -> list[str]:
+    """Record ``entries`` in ``OUT/grid.json``; return the earlier commands' other entries.
+
+    The table of a comparison or sweep lists every entry ever run into ``OUT`` whose cells
+    are all finished for the current config and seeds, so running the strategies in two
+    commands (or two processes) gives one table. Entries that no longer parse are dropped.
+    """
+    path = out / GRID_FILE
+    try:
+        known = [str(e) for e in json.loads(path.read_text())["entries"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        known = []
+    earlier = []
+    for e in known:
+        if e in entries:
+            continue
+        try:
+            parse_strategy(e)
+        except ConfigError:
+            continue
+        earlier.append(e)
+    out.mkdir(parents=True, exist_ok=True)
+    merged = [*known, *(e for e in entries if e not in known)]
+    tmp = path.with_name(f".{GRID_FILE}.{os.getpid()}")
+    tmp.write_text(json.dumps({"entries": merged}, indent=1) + "\n")
+    tmp.replace(path)  # atomic: a process running beside this one never reads half a file
+    return earlier
 
 
 def cell_config(
@@ -147,9 +180,9 @@ def aggregate_rows(summaries: Sequence[dict[str, Any]], keys: dict[str, Any]) ->
 def write_table(rows: Sequence[dict[str, Any]], out: Path, *, id_cols: Sequence[str]) -> None:
     """table.csv (every column) and table.md (headline metrics as mean ± std)."""
     out.mkdir(parents=True, exist_ok=True)
-    cols = list(rows[0])
+    cols = list(dict.fromkeys(k for r in rows for k in r))  # rows merged from earlier commands
     with (out / "table.csv").open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
+        w = csv.DictWriter(fh, fieldnames=cols, restval="")
         w.writeheader()
         for r in rows:
             w.writerow(
@@ -170,7 +203,7 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path, *, id_cols: Sequence[
         ("updates_discarded", "discarded", 4),
         ("useful_work_ratio", "useful work", 3),
     ]
-    present = [h for h in headline if f"{h[0]}_mean" in rows[0]]
+    present = [h for h in headline if f"{h[0]}_mean" in cols]
     lines = [
         "| " + " | ".join([*id_cols, *(h[1] for h in present), "seeds"]) + " |",
         "|" + "---|" * (len(id_cols) + len(present) + 1),
@@ -178,11 +211,21 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path, *, id_cols: Sequence[
     for r in rows:
         cells = [str(r[c]) for c in id_cols]
         for key, _, digits in present:
-            m, s = r[f"{key}_mean"], r[f"{key}_std"]
+            m, s = r.get(f"{key}_mean", math.nan), r.get(f"{key}_std", math.nan)
             cells.append("—" if math.isnan(m) else f"{m:.{digits}g} ± {s:.2g}")
         cells.append(str(r["n_seeds"]))
         lines.append("| " + " | ".join(cells) + " |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
+
+
+def _cells(
+    cfg: ExperimentConfig, out: Path, entry: str, lr: float | None, seeds: Sequence[int]
+) -> list[tuple[Path, ExperimentConfig]]:
+    """(run folder, config) of each seed of one (entry, lr) cell of a comparison."""
+    base = out / "runs" / entry_dir(entry)
+    if lr is not None:
+        base = base / f"lr-{lr:g}"
+    return [(base / f"seed-{seed}", cell_config(cfg, entry, seed, lr=lr)) for seed in seeds]
 
 
 def run_compare(
@@ -195,11 +238,14 @@ def run_compare(
     lr_tune_on: str | None = None,
     progress_factory: Callable[[str], Callable[[Any], None] | None] = lambda label: None,
     on_result: Callable[[str, int, RunResult | None], None] = lambda s, seed, r: None,
+    on_merged: Callable[[str], None] = lambda entry: None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Run the grid; return (table rows, error sentence of a cell that stopped early).
 
     Without a learning-rate grid a diverged cell stops the comparison (its
     sentence is returned); with one, divergence only disqualifies that rate.
+    Entries run into ``out`` by earlier commands join the table (``on_merged``)
+    when every cell of theirs is finished for this config and these seeds.
     """
     parsed = {e: parse_strategy(e) for e in strategies}
     if lr_tune_on is not None and lr_tune_on not in strategies:
@@ -211,9 +257,7 @@ def run_compare(
         strategies = [lr_tune_on, *(e for e in strategies if e != lr_tune_on)]
     for entry in strategies:  # fail on a bad entry before any compute
         cell_config(cfg, entry, seeds[0])
-    swept: list[str] = []
-    for _, overrides in parsed.values():
-        swept += [k for k in overrides if k not in swept]
+    remember_entries(out, strategies)
     lrs: list[float | None] = list(lr_grid) or [None]
     summaries: dict[tuple[str, float | None], list[dict[str, Any]]] = {}
     curves: dict[tuple[str, float | None], list[dict[str, np.ndarray]]] = {}
@@ -223,12 +267,9 @@ def run_compare(
         for lr in lrs:
             cell = (entry, lr)
             summaries[cell], curves[cell] = [], []
-            for seed in seeds:
-                ccfg = cell_config(cfg, entry, seed, lr=lr)
-                run_dir = out / "runs" / entry_dir(entry)
-                if lr is not None:
-                    run_dir = run_dir / f"lr-{lr:g}"
-                run_dir = run_dir / f"seed-{seed}"
+            for seed, (run_dir, ccfg) in zip(
+                seeds, _cells(cfg, out, entry, lr, seeds), strict=True
+            ):
                 label = entry if lr is None else f"{entry} lr {lr:g}"
                 summary = reusable(run_dir, ccfg, accept)
                 if summary is None:
@@ -249,6 +290,30 @@ def run_compare(
                 break
         if error:
             break
+    # entries of earlier commands into OUT join the table when all their cells are finished
+    for entry in remember_entries(out, strategies):
+        found: dict[float | None, list[tuple[dict[str, Any], Path]]] = {}
+        try:
+            for lr in lrs:
+                found[lr] = []
+                for run_dir, ccfg in _cells(cfg, out, entry, lr, seeds):
+                    summary = reusable(run_dir, ccfg, accept)
+                    if summary is None:
+                        raise LookupError(entry)
+                    found[lr].append((summary, run_dir))
+                    if summary["status"] != "completed":
+                        break  # as above: a diverged rate's other seeds never ran
+        except (ConfigError, LookupError):
+            continue
+        parsed[entry] = parse_strategy(entry)
+        strategies = [*strategies, entry]
+        on_merged(entry)
+        for lr, done in found.items():
+            summaries[(entry, lr)] = [summary for summary, _ in done]
+            curves[(entry, lr)] = [read_metrics(run_dir) for _, run_dir in done]
+    swept: list[str] = []
+    for _, overrides in parsed.values():
+        swept += [k for k in overrides if k not in swept]
 
     def keys(entry: str) -> dict[str, Any]:
         name, overrides = parsed[entry]

@@ -24,6 +24,7 @@ from fedclock.compare import (
     cell_config,
     entry_dir,
     parse_strategy,
+    remember_entries,
     reusable,
     write_table,
 )
@@ -81,24 +82,33 @@ def run_sweep(
     *,
     progress_factory: Callable[[str], Callable[[Any], None] | None] = lambda label: None,
     on_result: Callable[[str, int, RunResult | None], None] = lambda s, seed, r: None,
+    on_merged: Callable[[str], None] = lambda entry: None,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """Run the grid; return (table rows, error sentence of a cell that did not complete)."""
+    """Run the grid; return (table rows, error sentence of a cell that did not complete).
+
+    Entries run into ``out`` by earlier commands join the table (``on_merged``) at the
+    values where all their seeds are finished for this config.
+    """
     cells = {v: with_value(cfg, path, v) for v in values}  # fail on a bad path/value early
     for entry in strategies:
         cell_config(cells[values[0]], entry, seeds[0])
+    remember_entries(out, strategies)
+
+    def locate(entry: str, v: Any, seed: int) -> tuple[Path, ExperimentConfig, Any]:
+        # a strategy that does not read the swept field runs at the first value only; the
+        # other values' rows repeat its results (their run folders are not written)
+        at = v if reads(cells[values[0]], parse_strategy(entry)[0], path) else values[0]
+        run_dir = out / "runs" / entry_dir(entry) / f"{path}={at}" / f"seed-{seed}"
+        return run_dir, cell_config(cells[at], entry, seed), at
+
     rows: list[dict[str, Any]] = []
     error = None
     for entry in strategies:
         name, _ = parse_strategy(entry)
-        # a strategy that does not read the swept field runs at the first value only; the
-        # other values' rows repeat its results (their run folders are not written)
-        once = not reads(cells[values[0]], name, path)
         for v in values:
             summaries = []
             for seed in seeds:
-                at = values[0] if once else v
-                ccfg = cell_config(cells[at], entry, seed)
-                run_dir = out / "runs" / entry_dir(entry) / f"{path}={at}" / f"seed-{seed}"
+                run_dir, ccfg, at = locate(entry, v, seed)
                 label = f"{entry} {path}={at} seed {seed}"
                 cell = f"{entry} {path}={v}"
                 if at != v:
@@ -114,6 +124,19 @@ def run_sweep(
                     on_result(cell, seed, None)
                 summaries.append(summary)
             rows.append(aggregate_rows(summaries, {"strategy": name, path: v}))
+    for entry in remember_entries(out, strategies):  # earlier commands' finished cells
+        merged = []
+        for v in values:
+            try:
+                found = [reusable(*locate(entry, v, seed)[:2]) for seed in seeds]
+            except ConfigError:
+                break
+            if all(f is not None for f in found):
+                keys = {"strategy": parse_strategy(entry)[0], path: v}
+                merged.append(aggregate_rows([f for f in found if f is not None], keys))
+        if merged:
+            on_merged(entry)
+            rows += merged
     if rows:
         write_table(rows, out, id_cols=["strategy", path])
         write_pivot(rows, out, path, list(values))
