@@ -118,6 +118,8 @@ def run(args: argparse.Namespace) -> dict[str, float | int | str]:
 
     best_val, best_state = -1.0, glob.state_dict()
     for t in range(args.rounds):
+        if args.redraw and t > 0:  # the paper's wording: a new straggler set every round
+            stragglers = set(random.sample(range(args.users), round(args.ratio * args.users)))
         g = {k: v.clone() for k, v in glob.state_dict().items()}
         total = {k: torch.zeros_like(v) for k, v in g.items()}
         for u in range(args.users):
@@ -159,6 +161,7 @@ def run(args: argparse.Namespace) -> dict[str, float | int | str]:
         "ratio": args.ratio,
         "seed": args.seed,
         "rounds": args.rounds,
+        "redraw": args.redraw,
         "lr": args.lr,
         "best_val_accuracy": round(best_val, 4),
         "val_best_test_accuracy": round(accuracy(glob, x_test, y_test), 4),
@@ -178,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--users", type=int, default=30)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument(
+        "--redraw",
+        action="store_true",
+        help="draw a new straggler set every round (the paper's text) instead of once (the code)",
+    )
     args = ap.parse_args(argv)
     if args.method == "vanilla":
         args.ratio = 0.0
