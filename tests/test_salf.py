@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 from types import SimpleNamespace
 
@@ -422,6 +423,15 @@ def test_sweep_table_and_resume(tmp_path) -> None:
     run_sweep(cfg, path, values, ["salf", "drop-stragglers"], [1], out,
               on_result=lambda s, seed, r: reran.append(r))  # fmt: skip
     assert reran == [None] * 4  # every finished cell reused
+    # a run made by other fedclock source (an edit inside the version) is recomputed
+    meta_path = out / "runs" / "salf" / f"{path}=0.9" / "seed-1" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["source_digest"].startswith("sha256:")
+    meta_path.write_text(json.dumps({**meta, "source_digest": "sha256:edited"}))
+    reran.clear()
+    run_sweep(cfg, path, values, ["salf", "drop-stragglers"], [1], out,
+              on_result=lambda s, seed, r: reran.append(r))  # fmt: skip
+    assert [r is None for r in reran] == [True, False, True, True]
 
 
 def test_sweep_table_merges_earlier_commands(tmp_path) -> None:

@@ -139,14 +139,18 @@ def selection_loss(summaries: Sequence[dict[str, Any]]) -> tuple[str, float]:
 def reusable(
     run_dir: Path, cfg: ExperimentConfig, accept: tuple[str, ...] = ("completed",)
 ) -> dict[str, Any] | None:
-    """The stored summary of a finished run with exactly this config and fedclock version, else None."""
+    """The stored summary of a finished run with exactly this config, fedclock version and
+    source (``meta.json``'s ``source_digest``; runs recorded before it was stored match on
+    the version alone), else None."""
     from fedclock import __version__
+    from fedclock.metrics.recorder import source_digest
 
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
         meta = json.loads((run_dir / "meta.json").read_text())
         same = (run_dir / "config.yaml").read_text() == to_yaml(cfg)
         same = same and meta["versions"].get("fedclock") == __version__
+        same = same and meta.get("source_digest", source_digest()) == source_digest()
     except (OSError, ValueError, KeyError):
         return None
     return summary if same and summary.get("status") in accept else None

@@ -10,6 +10,8 @@ client: importance, participations, weight received, final training loss).
 from __future__ import annotations
 
 import csv
+import functools
+import hashlib
 import json
 import math
 import platform
@@ -95,6 +97,20 @@ def versions() -> dict[str, str]:
     return out
 
 
+@functools.cache
+def source_digest() -> str:
+    """sha256 of the fedclock package's source (every .py and .yaml file, with its path).
+
+    Stored in meta.json: ``compare``/``sweep`` reuse a finished run only when it was made by
+    the same source, so an edit inside a version is never mixed with runs made before it.
+    """
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".yaml") and p.is_file()):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()
+
+
 class RunRecorder:
     def __init__(self, run_dir: Path, *, extra_columns: Sequence[str] = ()) -> None:
         self.run_dir = run_dir
@@ -112,6 +128,7 @@ class RunRecorder:
         meta = {
             "seed": seed,
             "versions": versions(),
+            "source_digest": source_digest(),
             "argv": list(argv if argv is not None else sys.argv),
         }
         (self.run_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
