@@ -148,6 +148,29 @@ def test_plot_overlays_runs(tmp_path):
     assert png.stat().st_size > 1000
 
 
+def test_plot_draws_sweep_folders_side_by_side(tmp_path):
+    cfg = _write(tmp_path, tiny_raw(budget={"aggregations": 2}))
+    for name, lrs in (("lr-low", "0.02,0.05"), ("lr-high", "0.1,0.2")):
+        res = runner.invoke(app, ["sweep", str(cfg), "--over", f"train.lr={lrs}",
+                                  "--strategies", "fedavg", "--seeds", "1,2",
+                                  "--out", str(tmp_path / name), "-q"])  # fmt: skip
+        assert res.exit_code == 0, res.output
+    png = tmp_path / "sweeps.png"
+    both = [str(tmp_path / "lr-low"), str(tmp_path / "lr-high")]
+    res = runner.invoke(app, ["plot", *both, "--out", str(png)])
+    assert res.exit_code == 0, res.output
+    assert png.stat().st_size > 1000
+    res = runner.invoke(app, ["plot", *both, "--metric", "aggregations", "--out", str(png)])
+    assert res.exit_code == 0, res.output
+    # one clear sentence for a metric the tables lack, and for a run mixed with sweeps
+    res = runner.invoke(app, ["plot", *both, "--metric", "nonsense"])
+    assert res.exit_code != 0 and "has no metric 'nonsense'" in res.output
+    run_dir = tmp_path / "run"
+    assert runner.invoke(app, ["run", str(cfg), "--out", str(run_dir), "-q"]).exit_code == 0
+    res = runner.invoke(app, ["plot", both[0], str(run_dir)])
+    assert res.exit_code != 0 and "has no table.csv" in res.output
+
+
 def test_impossible_deadline_is_refused(tmp_path):
     raw = tiny_raw(strategy={"name": "drop-stragglers", "t_max": 0.001})
     res = runner.invoke(

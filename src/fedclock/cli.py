@@ -409,21 +409,60 @@ def sweep(
 @app.command()
 def plot(
     run_dirs: Annotated[
-        list[Path], typer.Argument(help="Run directories (each with metrics.csv).")
+        list[Path],
+        typer.Argument(
+            help="Run directories (each with metrics.csv), or sweep folders (each with table.csv)."
+        ),
     ],
     out: Annotated[
         Path | None,
         typer.Option(
-            "--out", "-o", help="PNG file (default: accuracy.png in the first run directory)."
+            "--out", "-o", help="PNG file (default: accuracy.png in the first directory)."
         ),
     ] = None,
-    metric: Annotated[str, typer.Option(help="Column of metrics.csv to plot.")] = "test_accuracy",
+    metric: Annotated[
+        str,
+        typer.Option(
+            help="Column of metrics.csv to plot; for sweeps, a metric of table.csv "
+            "(default: the sweep's headline metric)."
+        ),
+    ] = "test_accuracy",
 ) -> None:
-    """Overlay accuracy vs virtual time and vs aggregation index for several runs."""
+    """Overlay accuracy vs virtual time and vs aggregation index for several runs; or, for
+    sweep folders, one panel per sweep: the metric against the swept value per strategy."""
     from fedclock.errors import DataError
-    from fedclock.metrics.plots import plot_groups, read_metrics
+    from fedclock.metrics.plots import plot_groups, plot_sweeps, read_metrics, read_table
+    from fedclock.sweep import headline_metric
 
     with _user_errors():
+        tables = [d for d in run_dirs if (d / "table.csv").is_file()]
+        if tables:
+            if len(tables) < len(run_dirs):
+                other = next(d for d in run_dirs if d not in tables)
+                raise DataError(
+                    f"{other} has no table.csv: give either run directories or sweep folders."
+                )
+            rows = {}
+            for d in tables:
+                table = read_table(d)
+                if not table or len(table[0]) < 3 or list(table[0])[1].endswith("_mean"):
+                    raise DataError(
+                        f"{d}/table.csv is not a sweep's table (strategy, swept field, metrics)."
+                    )
+                rows[d.name] = table
+            key = metric
+            if key == "test_accuracy":  # the runs' default: the sweep's headline metric
+                key = headline_metric(rows[tables[0].name])
+            for d in tables:
+                if f"{key}_mean" not in rows[d.name][0]:
+                    raise DataError(f"{d}/table.csv has no metric '{key}'.")
+            if len(rows) < len(tables):
+                raise DataError(
+                    "Two sweep folders have the same name; rename one to tell them apart."
+                )
+            path = plot_sweeps(rows, out or tables[0] / "sweeps.png", metric=key)
+            Console().print(f"wrote {path}")
+            return
         groups = {}
         for d in run_dirs:
             if not (d / "metrics.csv").is_file():

@@ -77,3 +77,54 @@ def plot_groups(
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def read_table(out_dir: Path) -> list[dict[str, str]]:
+    """The rows of ``OUT/table.csv`` (a comparison's or a sweep's table), as text."""
+    with (out_dir / "table.csv").open() as fh:
+        return list(csv.DictReader(fh))
+
+
+def plot_sweeps(
+    tables: Mapping[str, Sequence[dict[str, str]]],
+    out: Path,
+    *,
+    metric: str,
+) -> Path:
+    """One panel per sweep table: ``metric`` (mean, ±std bars over seeds) against the swept
+    value, one line per strategy; the same strategy keeps its colour in every panel."""
+    n = len(tables)
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.2), sharey=True, squeeze=False)
+    colours: dict[str, str] = {}
+    for ax, (title, rows) in zip(axes[0], tables.items(), strict=True):
+        swept = list(rows[0])[1]  # table contract: strategy, the swept path, then metrics
+        for name in dict.fromkeys(r["strategy"] for r in rows):
+            colour = colours.setdefault(name, f"C{len(colours) % 10}")
+            pts = [
+                (float(r[swept]), float(r[f"{metric}_mean"]), float(r[f"{metric}_std"] or 0))
+                for r in rows
+                if r["strategy"] == name and r.get(f"{metric}_mean") and _is_number(r[swept])
+            ]
+            if not pts:
+                continue
+            x, y, sd = (np.array(v) for v in zip(*sorted(pts), strict=True))
+            ax.errorbar(x, y, yerr=sd if sd.any() else None, fmt="o-", color=colour,
+                        label=name, capsize=3, lw=1.5, ms=4)  # fmt: skip
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(swept)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel(metric.replace("_", " "))
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
