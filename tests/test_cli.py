@@ -171,6 +171,34 @@ def test_plot_draws_sweep_folders_side_by_side(tmp_path):
     assert res.exit_code != 0 and "has no table.csv" in res.output
 
 
+def test_plot_sweeps_numeric_and_categorical_values(tmp_path, monkeypatch):
+    """Numeric swept values are the x axis; others (model.arch=mlp,cnn) one tick each, in
+    sweep order; a missing (NaN) cell is left out of its line."""
+    import matplotlib.pyplot as plt
+
+    from fedclock.metrics.plots import plot_sweeps
+
+    drawn = {}
+    monkeypatch.setattr(plt, "close", lambda fig: drawn.setdefault("fig", fig))
+
+    def rows(path, values, means):
+        return [{"strategy": "salf", path: v, "acc_mean": m, "acc_std": 0.01, "n_seeds": 2}
+                for v, m in zip(values, means, strict=True)]  # fmt: skip
+
+    tables = {
+        "ratio": rows("population.straggler_ratio", [0.9, 0.3, 0.5], [0.5, 0.9, float("nan")]),
+        "arch": rows("model.arch", ["mlp", "cnn"], [0.8, 0.9]),
+    }
+    plot_sweeps(tables, tmp_path / "s.png", metric="acc")
+    ax_ratio, ax_arch = drawn["fig"].axes
+    (bars,) = ax_ratio.containers  # errorbar: (data line, caps, bars)
+    line = bars.lines[0]
+    assert list(line.get_xdata()) == [0.3, 0.9] and list(line.get_ydata()) == [0.9, 0.5]
+    (bars,) = ax_arch.containers
+    assert list(bars.lines[0].get_xdata()) == [0.0, 1.0]
+    assert [t.get_text() for t in ax_arch.get_xticklabels()] == ["mlp", "cnn"]
+
+
 def test_impossible_deadline_is_refused(tmp_path):
     raw = tiny_raw(strategy={"name": "drop-stragglers", "t_max": 0.001})
     res = runner.invoke(

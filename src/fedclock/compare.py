@@ -37,7 +37,7 @@ import yaml
 from fedclock.config import ExperimentConfig, apply_overrides, to_yaml, validate
 from fedclock.errors import ConfigError
 from fedclock.experiment import RunResult, run_experiment
-from fedclock.metrics.plots import plot_groups, read_metrics
+from fedclock.metrics.plots import colour, plot_groups, read_metrics
 
 # summary.json fields that identify a run rather than measure it
 _NOT_METRICS = {"seed", "num_clients", "target_accuracy"}
@@ -396,7 +396,7 @@ def plot_loss_panels(
             grid = np.linspace(0.0, end, 600)
             ys = np.stack([step_interp(r["virtual_time"], r[metric], grid) for r in runs])
             mean, std = np.nanmean(ys, 0), np.nanstd(ys, 0)
-            color = f"C{i % 10}"
+            color = colour(i, len(groups))
             ax.plot(grid, mean, color=color, lw=1.4, label=f"{name} ({len(runs)} seeds)")
             if len(runs) > 1:
                 ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, lw=0)
@@ -442,7 +442,7 @@ def _write_lr_grid(rows: Sequence[dict[str, Any]], out: Path, title: str) -> Non
     for i, (label, pts) in enumerate(labels.items()):
         xs = [x for x, y in pts if math.isfinite(y)]
         ys = [y for x, y in pts if math.isfinite(y)]
-        ax.plot(xs, ys, "o-", color=f"C{i % 10}", label=label)
+        ax.plot(xs, ys, "o-", color=colour(i, len(labels)), label=label)
     ax.set_xscale("log")
     ax.set_xlabel("local learning rate η_l")
     ax.set_ylabel(f"final {rows[0]['selected_by'].replace('_', ' ')} (mean over seeds)")

@@ -145,7 +145,7 @@ def run_sweep(
 
 def write_pivot(rows: Sequence[dict[str, Any]], out: Path, path: str, values: list[Any]) -> None:
     """pivot.md (strategy × value, mean ± std of the headline metric) and sweep.png."""
-    import matplotlib.pyplot as plt
+    from fedclock.metrics.plots import plot_sweeps
 
     metric = headline_metric(rows)
     strategies = list(dict.fromkeys(r["strategy"] for r in rows))
@@ -155,26 +155,15 @@ def write_pivot(rows: Sequence[dict[str, Any]], out: Path, path: str, values: li
         "| strategy | " + " | ".join(f"{path}={v}" for v in values) + " |",
         "|---|" + "---|" * len(values),
     ]
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for i, s in enumerate(strategies):
+    for s in strategies:
         by_v = {r[path]: r for r in rows if r["strategy"] == s}
-        cells, xs, ys = [], [], []
+        cells = []
         for v in values:
             r = by_v.get(v)
             m = r[f"{metric}_mean"] if r else math.nan
             sd = r[f"{metric}_std"] if r else math.nan
             n = r["n_seeds"] if r else 0
             cells.append("—" if m != m else (f"{m:.3f}" if n == 1 else f"{m:.3f} ± {sd:.3f}"))
-            if m == m:
-                xs.append(float(v))
-                ys.append(m)
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
-        ax.plot(xs, ys, "o-", color=f"C{i % 10}", label=s)
     (out / "pivot.md").write_text("\n".join(lines) + "\n")
-    ax.set_xlabel(path)
-    ax.set_ylabel(metric.replace("_", " "))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "sweep.png", dpi=120)
-    plt.close(fig)
+    plot_sweeps({out.name: rows}, out / "sweep.png", metric=metric)

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+
+
+def colour(i: int, n: int) -> Any:
+    """The colour of line ``i`` of ``n``: matplotlib's 10-colour cycle, tab20 beyond 10."""
+    return f"C{i}" if n <= 10 else plt.get_cmap("tab20")(i % 20)
 
 
 def read_metrics(run_dir: Path) -> dict[str, np.ndarray]:
@@ -44,7 +51,7 @@ def plot_groups(
         runs = [r for r in runs if r]
         if not runs:
             continue
-        color = f"C{i % 10}"
+        color = colour(i, len(groups))
         for ax, xkey in ((ax_t, "virtual_time"), (ax_a, "aggregation")):
             if len(runs) == 1:
                 # a metric holds until the next evaluation
@@ -86,7 +93,7 @@ def read_table(out_dir: Path) -> list[dict[str, str]]:
 
 
 def plot_sweeps(
-    tables: Mapping[str, Sequence[dict[str, str]]],
+    tables: Mapping[str, Sequence[Mapping[str, Any]]],
     out: Path,
     *,
     metric: str,
@@ -95,20 +102,25 @@ def plot_sweeps(
     value, one line per strategy; the same strategy keeps its colour in every panel."""
     n = len(tables)
     fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.2), sharey=True, squeeze=False)
-    colours: dict[str, str] = {}
+    names = list(dict.fromkeys(r["strategy"] for rows in tables.values() for r in rows))
     for ax, (title, rows) in zip(axes[0], tables.items(), strict=True):
         swept = list(rows[0])[1]  # table contract: strategy, the swept path, then metrics
+        values = list(dict.fromkeys(r[swept] for r in rows))
+        numeric = all(_is_number(v) for v in values)
+        if not numeric:  # e.g. model.arch=mlp,cnn: one tick per value, in sweep order
+            ax.set_xticks(range(len(values)), [str(v) for v in values])
+        x_of = {v: float(v) if numeric else float(i) for i, v in enumerate(values)}
         for name in dict.fromkeys(r["strategy"] for r in rows):
-            colour = colours.setdefault(name, f"C{len(colours) % 10}")
             pts = [
-                (float(r[swept]), float(r[f"{metric}_mean"]), float(r[f"{metric}_std"] or 0))
+                (x_of[r[swept]], float(r[f"{metric}_mean"]), float(r[f"{metric}_std"] or 0))
                 for r in rows
-                if r["strategy"] == name and r.get(f"{metric}_mean") and _is_number(r[swept])
+                if r["strategy"] == name and _is_number(r.get(f"{metric}_mean"))
             ]
             if not pts:
                 continue
             x, y, sd = (np.array(v) for v in zip(*sorted(pts), strict=True))
-            ax.errorbar(x, y, yerr=sd if sd.any() else None, fmt="o-", color=colour,
+            c = colour(names.index(name), len(names))
+            ax.errorbar(x, y, yerr=sd if sd.any() else None, fmt="o-", color=c,
                         label=name, capsize=3, lw=1.5, ms=4)  # fmt: skip
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(swept)
@@ -122,9 +134,8 @@ def plot_sweeps(
     return out
 
 
-def _is_number(text: str) -> bool:
+def _is_number(text: Any) -> bool:
     try:
-        float(text)
-    except ValueError:
+        return math.isfinite(float(text))
+    except (TypeError, ValueError):
         return False
-    return True
