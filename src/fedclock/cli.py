@@ -427,6 +427,9 @@ def plot(
             "(default: the sweep's headline metric)."
         ),
     ] = "test_accuracy",
+    log_x: Annotated[
+        bool, typer.Option("--log-x", help="Sweeps: a logarithmic axis for the swept value.")
+    ] = False,
 ) -> None:
     """Overlay accuracy vs virtual time and vs aggregation index for several runs; or, for
     sweep folders, one panel per sweep: the metric against the swept value per strategy."""
@@ -460,7 +463,7 @@ def plot(
                 raise DataError(
                     "Two sweep folders have the same name; rename one to tell them apart."
                 )
-            path = plot_sweeps(rows, out or tables[0] / "sweeps.png", metric=key)
+            path = plot_sweeps(rows, out or tables[0] / "sweeps.png", metric=key, log_x=log_x)
             Console().print(f"wrote {path}")
             return
         groups = {}

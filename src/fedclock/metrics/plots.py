@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -97,6 +98,7 @@ def plot_sweeps(
     out: Path,
     *,
     metric: str,
+    log_x: bool = False,
 ) -> Path:
     """One panel per sweep table: ``metric`` (mean, ±std bars over seeds) against the swept
     value, one line per strategy; the same strategy keeps its colour in every panel."""
@@ -122,6 +124,12 @@ def plot_sweeps(
             c = colour(names.index(name), len(names))
             ax.errorbar(x, y, yerr=sd if sd.any() else None, fmt="o-", color=c,
                         label=name, capsize=3, lw=1.5, ms=4)  # fmt: skip
+        if log_x and numeric:  # ticks at the swept values, written plainly
+            ax.set_xscale("log")
+            ax.set_xticks([float(v) for v in values], [f"{float(v):g}" for v in values])
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            if len(values) > 5:  # close values on a log axis: slanted labels do not collide
+                ax.tick_params(axis="x", labelrotation=45)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(swept)
         ax.grid(alpha=0.3)
