@@ -202,7 +202,12 @@ def compare(
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="Output folder (default runs/compare-<name>)."),
+        typer.Option(
+            "--out",
+            "-o",
+            help="Output folder (default runs/compare-<name>); finished runs there are reused, "
+            "and strategies other commands finished there join the table.",
+        ),
     ] = None,
     set_: SetOpt = None,
     data_dir: DataDirOpt = None,
@@ -357,7 +362,11 @@ def sweep(
     data_dir: DataDirOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
-    """Strategies × values of one config field × seeds (resumable): table.csv/md, pivot.md, plot."""
+    """Strategies × values of one config field × seeds (resumable): table.csv/md, pivot.md, plot.
+
+    Strategies that other commands finished in the same --out join the table, so a grid
+    split over processes with --strategies ends in one table.
+    """
     from fedclock.errors import ConfigError
     from fedclock.strategies import STRATEGIES
     from fedclock.sweep import headline_metric, parse_over, run_sweep
