@@ -97,17 +97,25 @@ def versions() -> dict[str, str]:
     return out
 
 
+# files that never change a run's metrics: the command line, tables, plots (presets only
+# produce configs, and a run's config is compared on its own)
+_NOT_COMPUTE = ("cli.py", "__main__.py", "compare.py", "sweep.py", "metrics/plots.py")
+
+
 @functools.cache
 def source_digest() -> str:
-    """sha256 of the fedclock package's source (every .py and .yaml file, with its path).
+    """sha256 of the fedclock source that computes a run (each .py file with its path).
 
     Stored in meta.json: ``compare``/``sweep`` reuse a finished run only when it was made by
     the same source, so an edit inside a version is never mixed with runs made before it.
+    The CLI, table and plot modules are left out (:data:`_NOT_COMPUTE`).
     """
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".yaml") and p.is_file()):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    for f in sorted(root.rglob("*.py")):
+        rel = f.relative_to(root).as_posix()
+        if rel not in _NOT_COMPUTE:
+            h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
     return "sha256:" + h.hexdigest()
 
 
