@@ -130,9 +130,11 @@ def test_compare_tables_merge_the_strategies_of_earlier_commands(tmp_path):
                               "--out", str(out), "-q"])  # fmt: skip
     assert res.exit_code == 0, res.output
     assert [r["strategy"] for r in csv.DictReader((out / "table.csv").open())] == ["fedavg"]
-    # another config: the earlier runs are not this experiment's
-    _, names = compare("fedavg", "--set", "train.lr=0.02")
+    # another config: the earlier runs are not this experiment's (and the console says why
+    # fedavg's finished runs are re-run)
+    res, names = compare("fedavg", "--set", "train.lr=0.02")
     assert names == ["fedavg"]
+    assert "re-running fedavg seed 1: its config differs" in res.output
 
 
 def test_plot_overlays_runs(tmp_path):

@@ -429,9 +429,14 @@ def test_sweep_table_and_resume(tmp_path) -> None:
     assert meta["source_digest"].startswith("sha256:")
     meta_path.write_text(json.dumps({**meta, "source_digest": "sha256:edited"}))
     reran.clear()
+    why: list[str] = []
     run_sweep(cfg, path, values, ["salf", "drop-stragglers"], [1], out,
-              on_result=lambda s, seed, r: reran.append(r))  # fmt: skip
+              on_result=lambda s, seed, r: reran.append(r),
+              on_rerun=lambda c, seed, reason: why.append(f"{c}: {reason}"))  # fmt: skip
     assert [r is None for r in reran] == [True, False, True, True]
+    assert why == [
+        f"salf {path}=0.9: it was made by other fedclock source (the code changed since)"
+    ]
 
 
 def test_sweep_table_merges_earlier_commands(tmp_path) -> None:

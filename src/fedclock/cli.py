@@ -180,6 +180,10 @@ def _note_reuse(progress: Progress, strategy: str, seed: int, result: Any) -> No
         progress.console.print(f"reused finished run {strategy} seed {seed}")
 
 
+def _note_rerun(progress: Progress, cell: str, seed: int, why: str) -> None:
+    progress.console.print(f"re-running {cell} seed {seed}: {why}")
+
+
 def _note_merged(progress: Progress, out: Path, entry: str) -> None:
     progress.console.print(
         f"the table also lists {entry}: runs finished in {out} by another command"
@@ -282,6 +286,7 @@ def compare(
                 progress_factory=lambda label: _Bar(progress, cfg, label),
                 on_result=lambda s, seed, r: _note_reuse(progress, s, seed, r),
                 on_merged=lambda e: _note_merged(progress, out_dir, e),
+                on_rerun=lambda c, seed, why: _note_rerun(progress, c, seed, why),
             )  # fmt: skip
     budget = f", budget {cfg.budget.virtual_time:g} virtual s" if cfg.budget.virtual_time else ""
     spread = " (mean ± std)" if len(seed_list) > 1 else ""
@@ -397,6 +402,7 @@ def sweep(
                 progress_factory=lambda label: _Bar(progress, cfg, label),
                 on_result=lambda s, seed, r: _note_reuse(progress, s, seed, r),
                 on_merged=lambda e: _note_merged(progress, out_dir, e),
+                on_rerun=lambda c, seed, why: _note_rerun(progress, c, seed, why),
             )  # fmt: skip
     metric = headline_metric(rows)
     table = Table(title=f"{cfg.name}: {metric} over {path} ({len(seed_list)} seed(s))")

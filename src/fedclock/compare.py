@@ -156,6 +156,30 @@ def reusable(
     return summary if same and summary.get("status") in accept else None
 
 
+def stale_reason(run_dir: Path, cfg: ExperimentConfig) -> str | None:
+    """Why a finished run in ``run_dir`` is not reused for ``cfg`` (None: no run there, or
+    it is reusable) — the console says it before re-running the cell."""
+    from fedclock import __version__
+    from fedclock.metrics.recorder import source_digest
+
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        meta = json.loads((run_dir / "meta.json").read_text())
+        config = (run_dir / "config.yaml").read_text()
+    except (OSError, ValueError):
+        return None
+    made_by = meta.get("versions", {}).get("fedclock")
+    if config != to_yaml(cfg):
+        return "its config differs"
+    if made_by != __version__:
+        return f"it was made by fedclock {made_by}"
+    if meta.get("source_digest", source_digest()) != source_digest():
+        return "it was made by other fedclock source (the code changed since)"
+    if summary.get("status") != "completed":
+        return f"it ended {summary.get('status')}"
+    return None
+
+
 def aggregate_rows(summaries: Sequence[dict[str, Any]], keys: dict[str, Any]) -> dict[str, Any]:
     """One table row: identifying ``keys``, then <metric>_mean/_std over seeds, then n_seeds.
 
@@ -243,13 +267,15 @@ def run_compare(
     progress_factory: Callable[[str], Callable[[Any], None] | None] = lambda label: None,
     on_result: Callable[[str, int, RunResult | None], None] = lambda s, seed, r: None,
     on_merged: Callable[[str], None] = lambda entry: None,
+    on_rerun: Callable[[str, int, str], None] = lambda s, seed, why: None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Run the grid; return (table rows, error sentence of a cell that stopped early).
 
     Without a learning-rate grid a diverged cell stops the comparison (its
     sentence is returned); with one, divergence only disqualifies that rate.
     Entries run into ``out`` by earlier commands join the table (``on_merged``)
-    when every cell of theirs is finished for this config and these seeds.
+    when every cell of theirs is finished for this config and these seeds. A finished
+    run that cannot be reused is re-run after ``on_rerun`` says why.
     """
     parsed = {e: parse_strategy(e) for e in strategies}
     if lr_tune_on is not None and lr_tune_on not in strategies:
@@ -277,6 +303,9 @@ def run_compare(
                 label = entry if lr is None else f"{entry} lr {lr:g}"
                 summary = reusable(run_dir, ccfg, accept)
                 if summary is None:
+                    reason = stale_reason(run_dir, ccfg)
+                    if reason is not None:
+                        on_rerun(label, seed, reason)
                     result = run_experiment(
                         ccfg, run_dir=run_dir, progress=progress_factory(f"{label} seed {seed}")
                     )

@@ -26,6 +26,7 @@ from fedclock.compare import (
     parse_strategy,
     remember_entries,
     reusable,
+    stale_reason,
     write_table,
 )
 from fedclock.config import ExperimentConfig, apply_overrides, validate
@@ -83,11 +84,13 @@ def run_sweep(
     progress_factory: Callable[[str], Callable[[Any], None] | None] = lambda label: None,
     on_result: Callable[[str, int, RunResult | None], None] = lambda s, seed, r: None,
     on_merged: Callable[[str], None] = lambda entry: None,
+    on_rerun: Callable[[str, int, str], None] = lambda s, seed, why: None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Run the grid; return (table rows, error sentence of a cell that did not complete).
 
     Entries run into ``out`` by earlier commands join the table (``on_merged``) at the
-    values where all their seeds are finished for this config.
+    values where all their seeds are finished for this config. A finished run that cannot
+    be reused is re-run after ``on_rerun`` says why.
     """
     cells = {v: with_value(cfg, path, v) for v in values}  # fail on a bad path/value early
     for entry in strategies:
@@ -115,6 +118,9 @@ def run_sweep(
                     cell += f" (the {path}={at} run: {name} does not read {path})"
                 summary = reusable(run_dir, ccfg)
                 if summary is None:
+                    reason = stale_reason(run_dir, ccfg)
+                    if reason is not None:
+                        on_rerun(cell, seed, reason)
                     result = run_experiment(ccfg, run_dir=run_dir, progress=progress_factory(label))
                     on_result(cell, seed, result)
                     summary = result.summary
