@@ -137,6 +137,33 @@ def test_compare_tables_merge_the_strategies_of_earlier_commands(tmp_path):
     assert "re-running fedavg seed 1: its config differs" in res.output
 
 
+def test_stale_reason_names_why_a_finished_run_is_not_reused(tmp_path):
+    from fedclock.compare import reusable, stale_reason
+    from fedclock.config import load_config
+    from fedclock.experiment import run_experiment
+
+    cfg = load_config(raw=tiny_raw(budget={"aggregations": 1}))
+    run_dir = tmp_path / "r"
+    assert stale_reason(run_dir, cfg) is None  # nothing there yet
+    run_experiment(cfg, run_dir=run_dir)
+    assert reusable(run_dir, cfg) is not None and stale_reason(run_dir, cfg) is None
+    other = load_config(raw=tiny_raw(budget={"aggregations": 2}))
+    assert stale_reason(run_dir, other) == "its config differs"
+
+    def edit(name: str, **changes) -> None:
+        data = json.loads((run_dir / name).read_text())
+        (run_dir / name).write_text(json.dumps({**data, **changes}))
+
+    summary = (run_dir / "summary.json").read_text()
+    edit("summary.json", status="interrupted")
+    assert stale_reason(run_dir, cfg) == "it ended interrupted"
+    (run_dir / "summary.json").write_text(summary)
+    meta = json.loads((run_dir / "meta.json").read_text())
+    edit("meta.json", versions={**meta["versions"], "fedclock": "0.0.1"})
+    assert stale_reason(run_dir, cfg) == "it was made by fedclock 0.0.1"
+    assert reusable(run_dir, cfg) is None
+
+
 def test_plot_overlays_runs(tmp_path):
     cfg = _write(tmp_path, tiny_raw(budget={"aggregations": 2}))
     for name in ("a", "b"):
