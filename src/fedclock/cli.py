@@ -432,7 +432,10 @@ def plot(
     out: Annotated[
         Path | None,
         typer.Option(
-            "--out", "-o", help="PNG file (default: accuracy.png in the first directory)."
+            "--out",
+            "-o",
+            help="PNG file (default: accuracy.png in the first run directory, sweeps.png in "
+            "the first sweep folder).",
         ),
     ] = None,
     metric: Annotated[
