@@ -442,6 +442,16 @@ def test_auto_block_size_bounds_the_largest_stacked_tensor() -> None:
 # ------------------------------------------------------------------ end to end
 
 
+def _assert_same_history(a: list[dict], b: list[dict], loss_abs: float) -> None:
+    """Two runs' evaluations: same rounds at the same virtual times, losses within loss_abs."""
+    assert len(a) == len(b) > 2
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["aggregation"] == rb["aggregation"]
+        assert ra["virtual_time"] == rb["virtual_time"]
+        assert ra["test_loss"] == pytest.approx(rb["test_loss"], abs=loss_abs)
+        assert ra["test_accuracy"] == pytest.approx(rb["test_accuracy"], abs=1e-2)
+
+
 def test_run_experiment_same_metrics_with_either_executor(tmp_path) -> None:
     results = {}
     for kind in ("serial", "vectorized"):
@@ -452,13 +462,7 @@ def test_run_experiment_same_metrics_with_either_executor(tmp_path) -> None:
         )
         cfg = load_config(raw=raw)
         results[kind] = run_experiment(cfg, run_dir=tmp_path / kind)
-    a, b = results["serial"].history, results["vectorized"].history
-    assert len(a) == len(b) > 2
-    for ra, rb in zip(a, b, strict=True):
-        assert ra["aggregation"] == rb["aggregation"]
-        assert ra["virtual_time"] == rb["virtual_time"]
-        assert ra["test_loss"] == pytest.approx(rb["test_loss"], abs=1e-4)
-        assert ra["test_accuracy"] == pytest.approx(rb["test_accuracy"], abs=1e-2)
+    _assert_same_history(results["serial"].history, results["vectorized"].history, 1e-4)
     assert load_config().executor.kind == "auto"
 
 
@@ -490,13 +494,7 @@ def test_run_experiment_batchnorm_same_metrics_with_either_executor(tmp_path, mo
         cfg = load_config(raw=raw)
         results[kind] = run_experiment(cfg, run_dir=tmp_path / kind)
     assert blocks == [4, 4, 4]  # every round's clients in one block
-    a, b = results["serial"].history, results["auto"].history
-    assert len(a) == len(b) > 2
-    for ra, rb in zip(a, b, strict=True):
-        assert ra["aggregation"] == rb["aggregation"]
-        assert ra["virtual_time"] == rb["virtual_time"]
-        assert ra["test_loss"] == pytest.approx(rb["test_loss"], abs=1e-3)
-        assert ra["test_accuracy"] == pytest.approx(rb["test_accuracy"], abs=1e-2)
+    _assert_same_history(results["serial"].history, results["auto"].history, 1e-3)
 
 
 def test_config_max_batch_clients_reaches_the_executor(tmp_path, monkeypatch):

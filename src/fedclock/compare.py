@@ -136,29 +136,11 @@ def selection_loss(summaries: Sequence[dict[str, Any]]) -> tuple[str, float]:
     return key, (math.inf if bad or not vals else float(np.mean(np.asarray(vals, dtype=float))))
 
 
-def reusable(
-    run_dir: Path, cfg: ExperimentConfig, accept: tuple[str, ...] = ("completed",)
-) -> dict[str, Any] | None:
-    """The stored summary of a finished run with exactly this config, fedclock version and
-    source (``meta.json``'s ``source_digest``; runs recorded before it was stored match on
-    the version alone), else None."""
-    from fedclock import __version__
-    from fedclock.metrics.recorder import source_digest
-
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-        meta = json.loads((run_dir / "meta.json").read_text())
-        same = (run_dir / "config.yaml").read_text() == to_yaml(cfg)
-        same = same and meta["versions"].get("fedclock") == __version__
-        same = same and meta.get("source_digest", source_digest()) == source_digest()
-    except (OSError, ValueError, KeyError):
-        return None
-    return summary if same and summary.get("status") in accept else None
-
-
-def stale_reason(run_dir: Path, cfg: ExperimentConfig) -> str | None:
-    """Why a finished run in ``run_dir`` is not reused for ``cfg`` (None: no run there, or
-    it is reusable) — the console says it before re-running the cell."""
+def _finished(
+    run_dir: Path, cfg: ExperimentConfig, accept: tuple[str, ...]
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(summary, None) if the run in ``run_dir`` can be reused for ``cfg``; (None, why not)
+    if a run there cannot; (None, None) if there is no finished run."""
     from fedclock import __version__
     from fedclock.metrics.recorder import source_digest
 
@@ -167,17 +149,34 @@ def stale_reason(run_dir: Path, cfg: ExperimentConfig) -> str | None:
         meta = json.loads((run_dir / "meta.json").read_text())
         config = (run_dir / "config.yaml").read_text()
     except (OSError, ValueError):
-        return None
+        return None, None
     made_by = meta.get("versions", {}).get("fedclock")
     if config != to_yaml(cfg):
-        return "its config differs"
+        return None, "its config differs"
     if made_by != __version__:
-        return f"it was made by fedclock {made_by}"
+        return None, f"it was made by fedclock {made_by}"
+    # runs recorded before meta.json had source_digest match on the version alone
     if meta.get("source_digest", source_digest()) != source_digest():
-        return "it was made by other fedclock source (the code changed since)"
-    if summary.get("status") != "completed":
-        return f"it ended {summary.get('status')}"
-    return None
+        return None, "it was made by other fedclock source (the code changed since)"
+    if summary.get("status") not in accept:
+        return None, f"it ended {summary.get('status')}"
+    return summary, None
+
+
+def reusable(
+    run_dir: Path, cfg: ExperimentConfig, accept: tuple[str, ...] = ("completed",)
+) -> dict[str, Any] | None:
+    """The stored summary of a finished run with exactly this config, fedclock version and
+    source (``meta.json``'s ``source_digest``), whose status is in ``accept``; else None."""
+    return _finished(run_dir, cfg, accept)[0]
+
+
+def stale_reason(
+    run_dir: Path, cfg: ExperimentConfig, accept: tuple[str, ...] = ("completed",)
+) -> str | None:
+    """Why a finished run in ``run_dir`` is not reused for ``cfg`` (None: no run there, or
+    it is reusable) — the console says it before re-running the cell."""
+    return _finished(run_dir, cfg, accept)[1]
 
 
 def aggregate_rows(summaries: Sequence[dict[str, Any]], keys: dict[str, Any]) -> dict[str, Any]:
@@ -287,7 +286,7 @@ def run_compare(
         strategies = [lr_tune_on, *(e for e in strategies if e != lr_tune_on)]
     for entry in strategies:  # fail on a bad entry before any compute
         cell_config(cfg, entry, seeds[0])
-    remember_entries(out, strategies)
+    remember_entries(out, strategies)  # now: if this command stops, its finished cells still merge
     lrs: list[float | None] = list(lr_grid) or [None]
     summaries: dict[tuple[str, float | None], list[dict[str, Any]]] = {}
     curves: dict[tuple[str, float | None], list[dict[str, np.ndarray]]] = {}
@@ -303,7 +302,7 @@ def run_compare(
                 label = entry if lr is None else f"{entry} lr {lr:g}"
                 summary = reusable(run_dir, ccfg, accept)
                 if summary is None:
-                    reason = stale_reason(run_dir, ccfg)
+                    reason = stale_reason(run_dir, ccfg, accept)
                     if reason is not None:
                         on_rerun(label, seed, reason)
                     result = run_experiment(

@@ -95,7 +95,7 @@ def run_sweep(
     cells = {v: with_value(cfg, path, v) for v in values}  # fail on a bad path/value early
     for entry in strategies:
         cell_config(cells[values[0]], entry, seeds[0])
-    remember_entries(out, strategies)
+    remember_entries(out, strategies)  # now: if this command stops, its finished cells still merge
 
     def locate(entry: str, v: Any, seed: int) -> tuple[Path, ExperimentConfig, Any]:
         # a strategy that does not read the swept field runs at the first value only; the
