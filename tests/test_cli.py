@@ -137,6 +137,29 @@ def test_compare_tables_merge_the_strategies_of_earlier_commands(tmp_path):
     assert "re-running fedavg seed 1: its config differs" in res.output
 
 
+def test_sweep_runs_fedavg_once_over_t_max(tmp_path):
+    """FedAvg has no deadline: a sweep over strategy.t_max runs it at the first value only,
+    and that run's metrics equal a FedAvg run at another t_max."""
+    from fedclock.compare import cell_config
+    from fedclock.config import load_config
+    from fedclock.experiment import run_experiment
+    from fedclock.sweep import reads, run_sweep
+
+    cfg = load_config(raw=tiny_raw(budget={"aggregations": 2}))
+    assert not reads(cfg, "fedavg", "strategy.t_max") and reads(cfg, "fedavg", "train.lr")
+    assert reads(cfg, "drop-stragglers", "strategy.t_max")
+    ran: list[object] = []
+    rows, err = run_sweep(cfg, "strategy.t_max", [2.0, 5.0], ["fedavg"], [1], tmp_path / "s",
+                          on_result=lambda c, seed, r: ran.append(r))  # fmt: skip
+    assert err is None and [r is not None for r in ran] == [True, False]
+    assert rows[0]["final_test_loss_mean"] == rows[1]["final_test_loss_mean"]
+    other = cell_config(load_config(raw=tiny_raw(budget={"aggregations": 2},
+                                                 strategy={"name": "fedavg", "t_max": 5.0})),
+                        "fedavg", 1)  # fmt: skip
+    direct = run_experiment(other, run_dir=tmp_path / "direct")
+    assert direct.summary["final_test_loss"] == rows[1]["final_test_loss_mean"]
+
+
 def test_stale_reason_names_why_a_finished_run_is_not_reused(tmp_path):
     from fedclock.compare import reusable, stale_reason
     from fedclock.config import load_config

@@ -2,8 +2,8 @@
 
 Every (strategy, value, seed) cell is one run under ``OUT/runs/<strategy>/<path>=<value>/seed-<s>``;
 a finished cell whose stored config matches is reused (resumable). A strategy that does not
-read the swept field (SALF-family ``vanilla`` over the straggler ratio or t_max) runs at the
-first value only and its results fill the other values' rows. The table
+read the swept field (``fedavg`` over t_max, SALF-family ``vanilla`` over the straggler
+ratio or t_max) runs at the first value only and its results fill the other values' rows. The table
 (``table.csv`` / ``table.md``, table contract of :mod:`fedclock.compare`: identifying
 columns ``strategy`` and the swept path, then ``<metric>_mean``/``_std`` over seeds) is
 written with compare's helpers; ``pivot.md`` holds the headline metric as a
@@ -62,15 +62,22 @@ def headline_metric(rows: Sequence[dict[str, Any]]) -> str:
     return "final_test_accuracy"
 
 
-# SALF family: fields a method never reads, so its cells are identical along them (vanilla
-# trains every user fully with no deadline: the straggler ratio and t_max change nothing)
-_UNREAD_BY = {"vanilla": ("population.straggler_ratio", "strategy.t_max")}
+# fields a strategy never reads, so its cells are identical along them: FedAvg waits for
+# every selected client (no deadline); in the SALF family, vanilla trains every user fully
+# with no deadline (the straggler ratio and t_max change nothing)
+_UNREAD_BY: dict[str, tuple[str, ...]] = {"fedavg": ("strategy.t_max",)}
+_UNREAD_BY_SALF: dict[str, tuple[str, ...]] = {
+    "vanilla": ("population.straggler_ratio", "strategy.t_max")
+}
 
 
 def reads(cfg: ExperimentConfig, strategy: str, path: str) -> bool:
     """Whether ``strategy``'s runs depend on the config field ``path`` (False: one run per
     seed serves every value of a sweep over it)."""
-    return not (cfg.salf.scenario is not None and path in _UNREAD_BY.get(strategy, ()))
+    unread = _UNREAD_BY.get(strategy, ())
+    if cfg.salf.scenario is not None:
+        unread += _UNREAD_BY_SALF.get(strategy, ())
+    return path not in unread
 
 
 def run_sweep(
