@@ -105,6 +105,7 @@ def plot_sweeps(
     n = len(tables)
     fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.2), sharey=True, squeeze=False)
     names = list(dict.fromkeys(r["strategy"] for rows in tables.values() for r in rows))
+    seeds = {int(float(r["n_seeds"])) for rows in tables.values() for r in rows if r.get("n_seeds")}
     for ax, (title, rows) in zip(axes[0], tables.items(), strict=True):
         swept = list(rows[0])[1]  # table contract: strategy, the swept path, then metrics
         values = list(dict.fromkeys(r[swept] for r in rows))
@@ -134,7 +135,11 @@ def plot_sweeps(
         ax.set_xlabel(swept)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    axes[0][0].set_ylabel(metric.replace("_", " "))
+    label = metric.replace("_", " ")
+    if seeds and max(seeds) > 1:  # say what the bars are
+        count = f"{min(seeds)}–{max(seeds)}" if min(seeds) != max(seeds) else str(max(seeds))
+        label += f" (mean ± std over {count} seeds)"
+    axes[0][0].set_ylabel(label)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
