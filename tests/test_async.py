@@ -608,3 +608,48 @@ def test_compare_rejects_a_malformed_strategy_entry(tmp_path):
     )
     with pytest.raises(ConfigError, match="name:field=value"):
         parse_strategy("fedfix:delta_t")
+
+
+def test_fedbuff_with_concurrency_never_trains_two_tasks_on_one_stream(tmp_path, monkeypatch):
+    """A freed slot can go back to the same client before the buffer fills: its second
+    task on the same base must get its own batch stream, not an exact copy of the first."""
+    from fedclock.sim.simulator import Simulator
+    from fedclock.train.executor import batch_key
+
+    committed: list[Contribution] = []
+    real = Simulator.commit
+
+    def spy(self, contributions):
+        committed.extend(contributions)
+        return real(self, contributions)
+
+    monkeypatch.setattr(Simulator, "commit", spy)
+    raw = tiny(strategy={"name": "fedbuff", "buffer_size": 3, "concurrency": 3},
+               budget={"aggregations": 40})  # fmt: skip
+    run_experiment(load_config(raw=raw), run_dir=tmp_path / "a")
+    assert len(committed) == 120
+    same_base = {}
+    for c in committed:
+        same_base.setdefault((c.client, c.base_version), []).append(c)
+    assert any(len(v) > 1 for v in same_base.values())  # the case the fix is about occurs
+    keys = [batch_key(3, c.task) for c in committed]
+    assert len(set(keys)) == len(keys)  # no two tasks share a stream
+    for group in same_base.values():
+        assert sorted(c.task.repeat for c in group) == list(range(len(group)))
+        for i, a in enumerate(group):
+            for b in group[i + 1 :]:
+                assert not all(torch.equal(a.delta[k], b.delta[k]) for k in a.delta)
+
+
+def test_simulator_task_repeat_counts_tasks_per_client_and_base():
+    """Task.repeat: 0 for a client's first task on a base, then 1, 2, …; a stale (older)
+    base gets k + 1, above every index used on that base before."""
+    from fedclock.sim.simulator import Simulator
+
+    sim = Simulator.__new__(Simulator)
+    sim._last_base, sim._on_last_base = [-1], [0]
+    seen = []
+    for k, v in enumerate([0, 0, 0, 1, 1, 0, 2]):
+        seen.append(sim._repeat(0, v, k))
+        sim._count_base(0, v)
+    assert seen == [0, 1, 2, 0, 1, 6, 0]

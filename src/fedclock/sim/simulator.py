@@ -235,6 +235,9 @@ class Simulator:
         self._seq = itertools.count()
         self._next_task_id = 0
         self._task_count = [0] * len(population)  # k of each client's next task
+        # each client's newest base version and how many of its tasks started on it
+        self._last_base = [-1] * len(population)
+        self._on_last_base = [0] * len(population)
         # the hot path's look-ups, bound once (a Strategy binds its parts' methods)
         self._plan = strategy.plan
         self._timing = population.timing
@@ -249,18 +252,41 @@ class Simulator:
     def push(self, t: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
 
+    def _repeat(self, client: int, version: int, k: int) -> int:
+        """``Task.repeat``: the task's index among the client's tasks on base ``version``.
+
+        0 for the first (the batch stream of every earlier release), 1, 2, … for further
+        tasks on the same base. A base older than the client's newest (a stale download,
+        AsyncFL) gets k + 1, which exceeds every index used on that base before.
+        """
+        last = self._last_base[client]
+        if version == last:
+            return self._on_last_base[client]
+        return 0 if version > last else k + 1
+
+    def _count_base(self, client: int, version: int) -> None:
+        last = self._last_base[client]
+        if version > last:
+            self._last_base[client] = version
+            self._on_last_base[client] = 1
+        elif version == last:
+            self._on_last_base[client] += 1
+
     def prepare(self, client: int, base: ModelVersion) -> Task:
         plan, cost = self._plan(self.ctx, client)
         k = self._task_count[client]
-        return Task(
+        task = Task(
             self._next_task_id, client, k, base, plan, cost, self._timing(client, cost, k), self.now
         )
+        task.repeat = self._repeat(client, base.version, k)
+        return task
 
     def dispatch(self, task: Task, *, execute: bool) -> Task:
         if task.task_id != self._next_task_id:
             raise RuntimeError("dispatch() takes the task returned by the latest prepare()")
         self._next_task_id += 1
         self._task_count[task.client] += 1
+        self._count_base(task.client, task.base.version)
         task.execute = execute
         self.counters.bytes_down += task.cost.bytes_down
         self._in_flight[task.task_id] = task
@@ -279,7 +305,15 @@ class Simulator:
         tid = self._next_task_id
         self._next_task_id = tid + 1
         now = self.now
-        task = Task(tid, client, k, self.model, plan, cost, timing, now)
+        model = self.model
+        version = model.version
+        task = Task(tid, client, k, model, plan, cost, timing, now)
+        if self._last_base[client] == version:
+            task.repeat = self._on_last_base[client]
+            self._on_last_base[client] += 1
+        else:  # the current model is the newest version this client has seen
+            self._last_base[client] = version
+            self._on_last_base[client] = 1
         self.counters.bytes_down += cost.bytes_down
         self._in_flight[tid] = task
         self._pending[tid] = task

@@ -55,6 +55,10 @@ class Task:
     t_start: float
     execute: bool = True  # False: the strategy already knows it will be discarded
     cancelled: bool = False
+    # index of this task among the client's tasks on the same base version (0 for the
+    # first): with the client and the base version it keys the task's batch stream, so
+    # no two tasks train on the same batches (see Simulator._repeat)
+    repeat: int = 0
 
     @property
     def t_finish(self) -> float:

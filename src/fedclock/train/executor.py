@@ -1,7 +1,8 @@
 """Executors: pure functions of (model snapshot, task, client data, random stream) → contribution.
 
 The batch order of a task comes from the stream ``("batches", client, base
-version)``, so a task's contribution does not depend on which other tasks ran
+version)`` (extended by ``task.repeat`` for a client's second and later task on the same
+base), so a task's contribution does not depend on which other tasks ran
 before it, nor on the executor that ran it.
 """
 
@@ -68,7 +69,12 @@ class ClientData:
 
 
 def batch_key(seed: int, task: Task) -> int:
-    """The key of a task's batch order: stream ``("batches", client, base version)``."""
+    """The key of a task's batch order: stream ``("batches", client, base version)``, or
+    ``("batches", client, base version, repeat)`` for the client's ``repeat``-th further
+    task on that base (FedBuff with concurrency can give a freed slot back to the same
+    client before the model changes: it must not train on the same batches again)."""
+    if task.repeat:
+        return counter_key(seed, "batches", task.client, task.base.version, task.repeat)
     return counter_key(seed, "batches", task.client, task.base.version)
 
 
@@ -76,7 +82,12 @@ def batch_keys(seed: int, tasks: Sequence[Task]) -> np.ndarray:
     """:func:`batch_key` of every task, in one vectorized call."""
     clients = np.fromiter((t.client for t in tasks), dtype=np.int64, count=len(tasks))
     versions = np.fromiter((t.base.version for t in tasks), dtype=np.int64, count=len(tasks))
-    return counter_keys(seed, "batches", clients, versions)
+    keys = counter_keys(seed, "batches", clients, versions)
+    repeats = np.fromiter((t.repeat for t in tasks), dtype=np.int64, count=len(tasks))
+    again = np.flatnonzero(repeats)
+    if len(again):
+        keys[again] = counter_keys(seed, "batches", clients[again], versions[again], repeats[again])
+    return keys
 
 
 def batch_positions(keys: np.ndarray, n: int, steps: int, b: int) -> np.ndarray:
