@@ -104,12 +104,13 @@ def test_paper_salf_update_is_unbiased(stragglers: int) -> None:
 
 
 def test_deadline_depth() -> None:
-    # fwd 1 s, backward of layers 1..3 = 1, 2, 3 s (output side last)
-    assert deadline_depth(10.0, 1.0, [1, 2, 3]) == 1  # 1+3+2+1 = 7 ≤ 10
-    assert deadline_depth(6.0, 1.0, [1, 2, 3]) == 2  # 1+3+2 = 6
-    assert deadline_depth(4.0, 1.0, [1, 2, 3]) == 3
-    assert deadline_depth(3.0, 1.0, [1, 2, 3]) == 4  # not even the output layer
-    assert deadline_depth(0.5, 1.0, [1, 2, 3]) == 4
+    # a depth-d task's whole duration (download, fwd + bwd of layers d..L, upload of d..L);
+    # e.g. fwd 1 s, backward of layers 1..3 = 1, 2, 3 s, no transfers: 7, 6, 4 s
+    assert deadline_depth([7.0, 6.0, 4.0], 10.0) == 1
+    assert deadline_depth([7.0, 6.0, 4.0], 6.0) == 2
+    assert deadline_depth([7.0, 6.0, 4.0], 4.0) == 3
+    assert deadline_depth([7.0, 6.0, 4.0], 3.0) == 4  # not even the output layer
+    assert deadline_depth([], 1.0) == 1
 
 
 # ------------------------------------------------------------------ exact p_l, deadline scenario
@@ -118,15 +119,19 @@ def _phi(z: float) -> float:
 
 
 def test_p_exact_deadline_hand_computed() -> None:
-    # L = 2 units: forward 2 FLOP/sample, backward [1, 3]; n = 10 samples; B = 100 bytes
-    kw = dict(t_max=1.0, samples=10, fwd_flops=2.0, bwd_flops=[1.0, 3.0], model_bytes=100)
-    # user 0: 100 FLOP/s, free links → avail 1.0; layer 2 needs 10·(2+3)/100 = 0.5 s·s_u,
-    #   layer 1 needs 10·(2+3+1)/100 = 0.6 s·s_u → it reaches l iff s ≤ 2 (l=2), s ≤ 1/0.6 (l=1)
-    # user 1: 200 FLOP/s, 1000 B/s down, 500 B/s up → avail 1 − 0.1 − 0.2 = 0.7;
-    #   layer 2: 0.25 s·s_u, layer 1: 0.3 s·s_u → s ≤ 2.8 (l=2), s ≤ 7/3 (l=1)
+    # L = 2 units: forward 2 FLOP/sample, backward [1, 3] → a depth-1 task computes 6 FLOP
+    # per sample, a depth-2 task 5; n = 10 samples; download 100 bytes; the upload is the
+    # whole model (100 bytes) at depth 1 and layer 2 alone (40 bytes) at depth 2
+    kw = dict(t_max=1.0, samples=[10, 10], flops_per_sample=[6.0, 5.0], down_bytes=100,
+              up_bytes=[100, 40])  # fmt: skip
+    # user 0: 100 FLOP/s, free links → avail 1.0; layer 2 needs 10·5/100 = 0.5 s·s_u,
+    #   layer 1 needs 10·6/100 = 0.6 s·s_u → it reaches l iff s ≤ 2 (l=2), s ≤ 1/0.6 (l=1)
+    # user 1: 200 FLOP/s, 1000 B/s down, 500 B/s up → avail 1 − 0.1 − 0.2 = 0.7 at l = 1,
+    #   1 − 0.1 − 0.08 = 0.82 at l = 2; layer 2: 0.25 s·s_u, layer 1: 0.3 s·s_u
+    #   → s ≤ 3.28 (l=2), s ≤ 7/3 (l=1)
     pop = dict(speed=[100.0, 200.0], up_bandwidth=[math.inf, 500.0],
                down_bandwidth=[math.inf, 1000.0])  # fmt: skip
-    x = {1: (1 / 0.6, 7 / 3), 2: (2.0, 2.8)}
+    x = {1: (1 / 0.6, 7 / 3), 2: (2.0, 3.28)}
     sigma = 0.5
     p = p_exact_deadline(**kw, **pop, slowdown_kind="lognormal", slowdown_sigma=sigma)
     for layer in (1, 2):
@@ -140,9 +145,15 @@ def test_p_exact_deadline_hand_computed() -> None:
         assert p[layer - 1] == pytest.approx(math.exp(-sum(x[layer])), rel=1e-12)
     # no slowdown: both users reach both layers (every x ≥ 1)
     assert p_exact_deadline(**kw, **pop, slowdown_kind="none", slowdown_sigma=sigma) == [0.0, 0.0]
-    # too little time for anyone: t_max below user 1's transfers and user 0's full task
-    kw["t_max"] = 0.29
-    assert p_exact_deadline(**kw, **pop, slowdown_kind="none", slowdown_sigma=sigma) == [1.0, 1.0]
+    # t_max = 0.45 without slowdown: user 0 needs 0.6 / 0.5 s; user 1 needs 0.3 + 0.3 s at
+    # depth 1 but 0.18 + 0.25 = 0.43 s at depth 2 (it uploads layer 2 only), so it reaches
+    # layer 2 (with the whole model's upload it would need 0.55 s and reach nothing)
+    kw["t_max"] = 0.45
+    got = p_exact_deadline(**kw, **pop, slowdown_kind="none", slowdown_sigma=sigma)
+    assert got == [1.0, 0.0]
+    kw["t_max"] = 0.29  # too little time for anyone
+    got = p_exact_deadline(**kw, **pop, slowdown_kind="none", slowdown_sigma=sigma)
+    assert got == [1.0, 1.0]
 
 
 class _DepthCtx:
@@ -155,7 +166,7 @@ class _DepthCtx:
     def prepare(self, client: int) -> SimpleNamespace:
         plan, cost = self.rounds.plan(None, client)
         return SimpleNamespace(
-            plan=plan, cost=cost, timing=self.population.timing(client, cost, self.k)
+            plan=plan, cost=cost, k=self.k, timing=self.population.timing(client, cost, self.k)
         )
 
 
@@ -168,7 +179,7 @@ def _deadline_rounds(
     setup = RoundSetup(
         method="salf", mode="paper", scenario="deadline", units=units,
         num_users=len(population), straggler_ratio=0.0, t_max=t_max,
-        full_plan=TaskPlan(local_steps=1, batch_size=samples, samples=samples),
+        full_plans=[TaskPlan(local_steps=1, batch_size=samples, samples=samples)] * len(population),
         model_bytes=nbytes,
     )  # fmt: skip
     return StragglerRounds(setup)
@@ -217,8 +228,9 @@ def test_p_exact_deadline_without_slowdown_is_the_deterministic_depths(
     u, L = rounds.s.units, rounds.s.units.count
     # away from exact ties at a layer boundary (measure zero; float round-off decides those)
     for spd in speeds:
-        avail = t_max - 2 * rounds.s.model_bytes / bw
         for layer in range(1, L + 1):
+            up = rounds.s.model_bytes if layer == 1 else u.suffix_bytes(layer)
+            avail = t_max - (rounds.s.model_bytes + up) / bw
             need = 16 * (u.fwd_flops + sum(u.bwd_flops[layer - 1 :])) / spd
             assume(abs(need - avail) > 1e-9 * max(need, abs(avail)))
     p = p_values(rounds.s, "exact", pop)
@@ -513,19 +525,30 @@ def test_heterofl_full_width_equals_vanilla(tmp_path) -> None:
         assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=1e-5)
 
 
-def test_reference_drop_stragglers_drops_the_whole_fixed_set(tmp_path) -> None:
-    # reference mode: every member of the fixed set is dropped, including one that drew
-    # k = L_e tensors (depth 1) — the authors' code drops by membership, not by depth
+@pytest.mark.parametrize("mode", ["reference", "paper"])
+def test_drop_stragglers_drops_the_whole_straggler_set(tmp_path, mode: str) -> None:
+    # every member of the set (fixed in reference mode, re-drawn each round in paper mode)
+    # is dropped, including one that drew depth 1 (k = L_e tensors in reference mode, 1 of
+    # L + 1 depths in paper mode): the set is decided before the depth draw, so the
+    # effective straggler ratio is the nominal one
     rounds = 20
-    cfg = _cfg(**{"strategy.name": "drop-stragglers", "salf.mode": "reference",
+    cfg = _cfg(**{"strategy.name": "drop-stragglers", "salf.mode": mode,
                   "population.straggler_ratio": 0.75, "budget.aggregations": rounds})  # fmt: skip
-    res = run_experiment(cfg, run_dir=tmp_path / "r")
+    res = run_experiment(cfg, run_dir=tmp_path / mode)
     assert res.summary["updates_used"] == 2 * rounds  # 8 users, round(0.75·8) = 6 dropped
-    # paper mode: a straggler that reached depth 1 finished in time and is kept
-    cfg = _cfg(**{"strategy.name": "drop-stragglers", "salf.mode": "paper",
-                  "population.straggler_ratio": 0.75, "budget.aggregations": rounds})  # fmt: skip
-    res = run_experiment(cfg, run_dir=tmp_path / "p")
-    assert res.summary["updates_used"] > 2 * rounds
+
+
+def test_paper_mode_heterofl_and_asyncfl_treat_depth_one_members_as_stragglers(tmp_path) -> None:
+    # HeteroFL: round(0.5·8) = 4 users train the width-0.5 submodel every round, whatever
+    # depth they drew, so the upload is (4 + 4·0.25)/8 of vanilla's
+    over = {"salf.mode": "paper", "population.straggler_ratio": 0.5, "budget.aggregations": 10}
+    res = run_experiment(_cfg(**{"strategy.name": "heterofl", **over}), run_dir=tmp_path / "h")
+    full = run_experiment(_cfg(**{"strategy.name": "vanilla", **over}), run_dir=tmp_path / "v")
+    assert res.summary["bytes_up"] == pytest.approx(full.summary["bytes_up"] * 5 / 8, rel=1e-6)
+    # AsyncFL: a member of the round's set delivers 2l − 1 ≥ 1 rounds later, so at most the
+    # 4 non-stragglers of the first round deliver in it
+    res = run_experiment(_cfg(**{"strategy.name": "asyncfl", **over}), run_dir=tmp_path / "a")
+    assert res.history[1]["updates_used"] <= 4
 
 
 def test_reference_heterofl_shrinks_every_member_of_the_set(tmp_path) -> None:
@@ -704,3 +727,77 @@ def test_salf_vgg_preset_learns(tmp_path, method: str) -> None:
     raw["executor"] = {"kind": "serial", "threads": 1}
     result = run_experiment(load_config(raw=raw), run_dir=tmp_path)
     assert result.summary["final_test_accuracy"] > 0.6
+
+
+# ------------------------------------------------------------------ costs match the work
+def _ref_rounds(charge: str) -> StragglerRounds:
+    # 3 reference-mode units (tensors): backward [10, 20, 30] FLOP/sample, forward 100
+    units = Units(3, {}, {}, (10.0, 20.0, 30.0), 100.0, (40, 8, 12))
+    setup = RoundSetup(
+        method="salf", mode="reference", scenario="ratio", units=units, num_users=1,
+        straggler_ratio=1.0, t_max=None, full_plans=[TaskPlan(1, 4, 4)], model_bytes=60,
+        charge=charge,
+    )  # fmt: skip
+    return StragglerRounds(setup)
+
+
+def test_reference_mode_charges_the_full_step_it_trains() -> None:
+    from dataclasses import replace
+
+    full = TaskPlan(local_steps=1, batch_size=4, samples=4)
+    depth3 = replace(full, depth=3)
+    # charge = work: the authors' straggler runs the whole step (4·(100 + 60) FLOP) and
+    # uploads only the tensors it keeps (unit 3: 12 bytes)
+    cost = _ref_rounds("work").cost(depth3)
+    assert (cost.flops, cost.bytes_down, cost.bytes_up) == (640.0, 60, 12)
+    # charge = suffix (the paper's accounting): forward + backward of unit 3 only
+    cost = _ref_rounds("suffix").cost(depth3)
+    assert (cost.flops, cost.bytes_down, cost.bytes_up) == (4 * (100 + 30), 60, 12)
+    assert _ref_rounds("work").cost(full) == _ref_rounds("suffix").cost(full)
+
+
+def test_reference_mode_under_a_deadline_needs_the_suffix_charge(tmp_path) -> None:
+    from fedclock.errors import ConfigError
+
+    cfg = _cfg(**{"strategy.name": "salf", "salf.scenario": "deadline", "salf.mode": "reference",
+                  "strategy.t_max": 1.0})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"salf\.charge: suffix"):
+        run_experiment(cfg, run_dir=tmp_path / "r")
+
+
+def test_deadline_depth_reserves_only_the_suffix_upload() -> None:
+    # one user, free download, 1000 B/s upload, 4000 model bytes in 3 equal units; compute of
+    # a depth-d task (16 samples at 1 GFLOP/s, no slowdown): 16·(2e4 + Σ_{l≥d} bwd_l)/1e9 s
+    pop = Population(speed=np.array([1.0e9]), up_bandwidth=np.array([1000.0]),
+                     down_bandwidth=np.array([np.inf]))  # fmt: skip
+    # depth 3 needs 16·(2e4 + 6e3)/1e9 = 0.416 ms of compute + 1333/1000 s of upload;
+    # the whole model's upload alone (4 s) would exceed t_max = 2 s
+    rounds = _deadline_rounds(pop, t_max=2.0)
+    d = rounds.depths(_DepthCtx(rounds, pop))
+    assert d.tolist() == [3]
+    assert p_values(rounds.s, "exact", pop) == [1.0, 1.0, 0.0]
+
+
+def test_every_user_plans_an_epoch_of_its_own_data(tmp_path, monkeypatch) -> None:
+    from fedclock.sim.simulator import Simulator
+
+    seen: dict[int, int] = {}
+    real = Simulator.commit
+
+    def spy(self, contributions):
+        for c in contributions:
+            seen[c.client] = c.task.plan.samples
+            assert c.task.cost.flops > 0
+        return real(self, contributions)
+
+    monkeypatch.setattr(Simulator, "commit", spy)
+    cfg = _cfg(**{"strategy.name": "salf", "train.local_steps": "null", "train.local_epochs": 1,
+                  "partition.sizes": "lognormal", "partition.size_sigma": 0.8,
+                  "budget.aggregations": 2, "population.straggler_ratio": 0.0})  # fmt: skip
+    res = run_experiment(cfg, run_dir=tmp_path / "e")
+    import csv
+
+    with (res.run_dir / "clients.csv").open() as fh:
+        sizes = {int(r["client"]): int(r["num_samples"]) for r in csv.DictReader(fh)}
+    assert len(set(sizes.values())) > 1  # unequal sizes: the case this is about
+    assert seen == sizes  # one epoch = every sample of the user's own shard

@@ -283,6 +283,12 @@ class SalfConfig(_Section):
         "dataset",
         description="MNIST inputs: the loader's (x−0.1307)/0.3081, or the authors' (x−0.5)/0.5",
     )
+    charge: Literal["work", "suffix"] = Field(
+        "work",
+        description="compute charged to a depth-d task: work = what the executor runs (in "
+        "reference mode the full step, as the authors' code), suffix = forward + backward of "
+        "layers d..L only (the paper's accounting; the same as work in paper mode)",
+    )
 
 
 class ExperimentConfig(_Section):

@@ -91,37 +91,30 @@ def p_exact_deadline(
     down_bandwidth: Sequence[float],
     slowdown_kind: str,
     slowdown_sigma: float,
-    samples: int,
-    fwd_flops: float,
-    bwd_flops: Sequence[float],
-    model_bytes: int,
+    samples: Sequence[int],
+    flops_per_sample: Sequence[float],
+    down_bytes: int,
+    up_bytes: Sequence[int],
 ) -> list[float]:
     """p_l = P(|U^l| = 0) (eq. 9's definition) for l = 1..L in the deadline scenario.
 
-    Mirrors ``StragglerRounds._deadline_depths``: user u prices the full task (download
-    and upload ``model_bytes`` at its bandwidths — not slowed — and compute at ``speed[u]``
-    times this round's slowdown s_u), so avail_u = t_max − B/down_u − B/up_u, and
-    ``deadline_depth`` gives d_u ≤ l ⇔ s_u·c_{u,l} ≤ avail_u with the nominal
-    c_{u,l} = n·(fwd + Σ_{k≥l} bwd_k)/speed_u (n = ``samples``). Users draw s_u
-    independently, so p_l = Π_u P(s_u > avail_u / c_{u,l}). Without a slowdown every p_l
-    is 0 or 1 (the depths are deterministic).
+    Mirrors ``StragglerRounds._deadline_depths``: a depth-l task of user u downloads
+    ``down_bytes``, computes n_u·``flops_per_sample[l−1]`` FLOPs at ``speed[u]`` times this
+    round's slowdown s_u, and uploads ``up_bytes[l−1]`` (layers l..L); transfers are not
+    slowed. So d_u ≤ l ⇔ s_u·c_{u,l} ≤ avail_{u,l} with c_{u,l} = n_u·flops_l/speed_u and
+    avail_{u,l} = t_max − down/down_u − up_l/up_u. Users draw s_u independently, so
+    p_l = Π_u P(s_u > avail_{u,l} / c_{u,l}). Without a slowdown every p_l is 0 or 1.
     """
-    num_layers = len(bwd_flops)
-    # C_l = fwd + Σ_{k≥l} bwd_k per sample, l = 1..L
-    suffix = [0.0] * num_layers
-    acc = 0.0
-    for layer in range(num_layers, 0, -1):
-        acc += float(bwd_flops[layer - 1])
-        suffix[layer - 1] = acc
+    num_layers = len(flops_per_sample)
     out = [1.0] * num_layers
-    for spd, up, down in zip(speed, up_bandwidth, down_bandwidth, strict=True):
-        # as Population.timing: x / inf = 0 (a free link)
-        avail = t_max - model_bytes / float(down) - model_bytes / float(up)
+    for n, spd, up, down in zip(samples, speed, up_bandwidth, down_bandwidth, strict=True):
         for layer in range(num_layers):
-            flops = samples * (fwd_flops + suffix[layer])
+            # as Population.timing: x / inf = 0 (a free link)
+            avail = t_max - down_bytes / float(down) - up_bytes[layer] / float(up)
+            flops = n * flops_per_sample[layer]
             x = math.inf if flops <= 0.0 else avail * float(spd) / flops
             if avail < 0.0:
-                x = 0.0  # even s → 0 leaves no time: the depth is L+1
+                x = 0.0  # even s → 0 leaves no time: the depth is beyond l
             out[layer] *= slowdown_survival(x, slowdown_kind, slowdown_sigma)
     return out
 
@@ -232,6 +225,10 @@ class Units:
         first = self.bwd_first[depth - 1] if self.bwd_first else self.bwd_flops[depth - 1]
         return first + sum(self.bwd_flops[depth:])
 
+    def suffix_bytes(self, depth: int) -> int:
+        """Bytes of units depth..L: what a task of this depth uploads."""
+        return int(sum(self.param_bytes[depth - 1 :]))
+
 
 def build_units(model: torch.nn.Module, layers: Sequence[Any], mode: str) -> Units:
     """Units from :func:`fedclock.models.layer_view` (``paper``) or the state dict (``reference``)."""
@@ -267,17 +264,15 @@ def build_units(model: torch.nn.Module, layers: Sequence[Any], mode: str) -> Uni
     return Units(len(entries), of_param, of_buffer, tuple(bwd), fwd, tuple(nb))
 
 
-def deadline_depth(avail_s: float, fwd_s: float, bwd_s: Sequence[float]) -> int:
-    """Deepest unit reached: the smallest d with fwd + Σ_{l ≥ d} bwd_l ≤ avail (L+1 if none)."""
-    depth = len(bwd_s) + 1
-    t = fwd_s
-    if t > avail_s:
-        return depth
-    for layer in range(len(bwd_s), 0, -1):
-        t += bwd_s[layer - 1]
-        if t > avail_s:
+def deadline_depth(durations: Sequence[float], t_max: float) -> int:
+    """Deepest unit reached under a deadline: the smallest d with ``durations[d−1]`` ≤ t_max,
+    where ``durations[d−1]`` is the whole depth-d task's time (non-increasing in d: a deeper
+    start computes and uploads less); L+1 if not even the last unit fits."""
+    depth = len(durations) + 1
+    for d in range(len(durations), 0, -1):
+        if durations[d - 1] > t_max:
             break
-        depth = layer
+        depth = d
     return depth
 
 
@@ -379,10 +374,18 @@ class RoundSetup:
     num_users: int
     straggler_ratio: float
     t_max: float | None
-    full_plan: TaskPlan
+    full_plans: Sequence[TaskPlan]  # each user's full local task (from its own data size)
     model_bytes: int
     heterofl_rate: float = 0.5
+    # work: charge what the executor runs (reference mode trains the full step);
+    # suffix: forward + backward of units d..L (the paper's accounting)
+    charge: str = "work"
     fixed: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def charges_full_step(self) -> bool:
+        """A depth-d task is charged the whole backward pass (reference mode, charge=work)."""
+        return self.mode == "reference" and self.charge == "work"
 
 
 class StragglerRounds:
@@ -417,8 +420,9 @@ class StragglerRounds:
 
     # ---- planner
     def cost(self, plan: TaskPlan) -> TaskCost:
+        """What a task costs on the clock: compute for the layers the executor trains (or,
+        with ``salf.charge: suffix``, layers d..L only) and the upload of layers d..L."""
         u = self.s.units
-        fwd = plan.samples * u.fwd_flops
         full_bytes = self.s.model_bytes
         if plan.width is not None:
             scale = plan.width**2  # hidden×hidden layers shrink by r² (documented approximation)
@@ -427,24 +431,28 @@ class StragglerRounds:
                 bytes_down=int(scale * full_bytes), bytes_up=int(scale * full_bytes),
             )  # fmt: skip
         d = plan.depth or 1
-        bwd = plan.samples * u.suffix_bwd(d)
-        up = sum(u.param_bytes[d - 1 :]) if plan.depth is not None else full_bytes
-        return TaskCost(flops=fwd + bwd, bytes_down=full_bytes, bytes_up=int(up))
+        bwd = plan.samples * u.suffix_bwd(1 if self.s.charges_full_step else d)
+        up = u.suffix_bytes(d) if plan.depth is not None else full_bytes
+        return TaskCost(flops=plan.samples * u.fwd_flops + bwd, bytes_down=full_bytes, bytes_up=up)
 
     def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
         got = self._next.get(client)
         if got is None:
-            return self.s.full_plan, self.cost(self.s.full_plan)
+            full = self.s.full_plans[client]
+            return full, self.cost(full)
         return got
 
     # ---- depth sources
     def depths(self, ctx: Context) -> np.ndarray:
         """Depth per user this round (1 = full, L+1 = nothing); sets ``self.stragglers``.
 
-        Who is a straggler: in reference mode, the members of the fixed set, whatever
-        depth they draw (the authors' code drops, shrinks or delays every member — a
-        member that keeps all L_e tensors is still dropped by drop-stragglers); otherwise
-        the users with depth > 1 (a user that reached the input layer finished in time).
+        Who is a straggler: in the ratio scenario, the members of the drawn set (fixed in
+        reference mode, re-drawn each round in paper mode), whatever depth they draw —
+        drop-stragglers, HeteroFL and AsyncFL drop, shrink or delay every member, so the
+        effective ratio is the nominal one (a member that draws depth 1 is still a
+        straggler; SALF gives it a full task, as its depth says). In the deadline
+        scenario, the users with depth > 1 (a user that reached the input layer finished
+        in time).
         """
         s, L, U = self.s, self.s.units.count, self.s.num_users
         if s.scenario == "deadline":
@@ -463,28 +471,29 @@ class StragglerRounds:
             stragglers = np.sort(ctx.rng("stragglers", self.round).choice(U, size=m, replace=False))
             draws = ctx.rng("depths", self.round).integers(1, L + 2, size=U)
         d[stragglers] = draws[stragglers]
-        if s.mode == "reference":
-            self.stragglers = np.zeros(U, dtype=bool)
-            self.stragglers[stragglers] = True
-        else:
-            self.stragglers = d > 1
+        # the set is decided before the depth draw (a depth-1 member is still a straggler)
+        self.stragglers = np.zeros(U, dtype=bool)
+        self.stragglers[stragglers] = True
         return d
 
     def _deadline_depths(self, ctx: Context) -> np.ndarray:
+        """Each user's depth: the smallest d whose task (download, forward, backward of
+        units d..L, upload of units d..L) fits in t_max at this round's slowdown — timed
+        exactly as the dispatched task will be (L+1 if not even the last unit fits)."""
         s = self.s
         assert s.t_max is not None
-        out = np.ones(s.num_users, dtype=np.int64)
-        u = s.units
+        L = s.units.count
+        out = np.full(s.num_users, L + 1, dtype=np.int64)
+        timing = ctx.population.timing
         for c in range(s.num_users):
             self._next.pop(c, None)
-            task = ctx.prepare(c)  # the full task: its timing carries this round's slowdown
-            t = task.timing
-            per_flop = t.compute_s / max(task.cost.flops, 1e-300)
-            n = s.full_plan.samples
-            avail = s.t_max - t.down_s - t.up_s
-            out[c] = deadline_depth(
-                avail, n * u.fwd_flops * per_flop, [n * b * per_flop for b in u.bwd_flops]
-            )
+            k = ctx.prepare(c).k  # the round's task counter: it keys the slowdown draw
+            full = s.full_plans[c]
+            durations = [
+                timing(c, self.cost(replace(full, depth=d) if d > 1 else full), k).duration
+                for d in range(1, L + 1)
+            ]
+            out[c] = deadline_depth(durations, s.t_max)
         return out
 
     # ---- trigger
@@ -508,8 +517,8 @@ class StragglerRounds:
         # vanilla has no deadline; AsyncFL's stale updates span rounds (see the docs)
         deadline = s.scenario == "deadline" and s.method in ("salf", "drop-stragglers", "heterofl")
         self._deadline = None
-        full = s.full_plan
         for c in range(s.num_users):
+            full = s.full_plans[c]
             d = int(depths[c])
             straggler = bool(self.stragglers[c])
             base: ModelVersion | None = None
@@ -546,14 +555,14 @@ class StragglerRounds:
         cycle = self._cycles.get(c)
         if cycle is None:
             if not straggler:
-                return self.s.full_plan, None
+                return self.s.full_plans[c], None
             cycle = (ctx.model, self.round, self.round + 2 * d - 1)
             self._cycles[c] = cycle
         stale, _, due = cycle
         if self.round < due:
             return None, None
         del self._cycles[c]
-        return self.s.full_plan, stale
+        return self.s.full_plans[c], stale
 
     def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
         self._outstanding.pop(contribution.task.task_id, None)
@@ -603,8 +612,11 @@ def p_values(setup: RoundSetup, rule: str, population: Population | None = None)
         t_max=setup.t_max, speed=population.speed.tolist(),
         up_bandwidth=population.up_bandwidth.tolist(),
         down_bandwidth=population.down_bandwidth.tolist(), slowdown_kind=population.slowdown_kind,
-        slowdown_sigma=population.slowdown_sigma, samples=setup.full_plan.samples,
-        fwd_flops=u.fwd_flops, bwd_flops=u.bwd_flops, model_bytes=setup.model_bytes,
+        slowdown_sigma=population.slowdown_sigma,
+        samples=[plan.samples for plan in setup.full_plans],
+        flops_per_sample=[u.fwd_flops + u.suffix_bwd(d) for d in range(1, L + 1)],
+        down_bytes=setup.model_bytes,
+        up_bytes=[setup.model_bytes] + [u.suffix_bytes(d) for d in range(2, L + 1)],
     )  # fmt: skip
 
 
@@ -629,16 +641,23 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
         raise ConfigError(
             "Strategy 'heterofl' supports models without BatchNorm buffers (mlp, cnn) only."
         )
+    if sc.scenario == "deadline" and sc.mode == "reference" and sc.charge == "work":
+        raise ConfigError(
+            "salf.mode 'reference' under a deadline needs salf.charge: suffix (the authors' "
+            "code trains the full step, so with charge 'work' no partial depth could fit)."
+        )
     units = build_units(info.model, info.layers, sc.mode)
     sizes = info.client_sizes
     t = cfg.train
-    full = local_sgd_plan(
-        int(min(sizes)), t.batch_size, local_epochs=t.local_epochs, local_steps=t.local_steps
-    )
+    by_size = {
+        n: local_sgd_plan(n, t.batch_size, local_epochs=t.local_epochs, local_steps=t.local_steps)
+        for n in {int(v) for v in sizes}
+    }
     setup = RoundSetup(
         method=method, mode=sc.mode, scenario=sc.scenario, units=units, num_users=len(sizes),
         straggler_ratio=cfg.population.straggler_ratio, t_max=cfg.strategy.t_max,
-        full_plan=full, model_bytes=info.model_bytes, heterofl_rate=sc.heterofl_rate,
+        full_plans=[by_size[int(n)] for n in sizes], model_bytes=info.model_bytes,
+        heterofl_rate=sc.heterofl_rate, charge=sc.charge,
     )  # fmt: skip
     rounds = StragglerRounds(setup)
     aggregator: Any
