@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from fedclock.config import load_config
 from fedclock.devices import TaskCost, build_population, task_timing
 from fedclock.devices.cost import TaskTiming
+from fedclock.devices.population import fx_update_times
 from fedclock.experiment import run_experiment
 from fedclock.sim import Context, Contribution, ModelVersion, Simulator, TaskPlan
 from fedclock.sim.simulator import Budget
@@ -44,6 +45,14 @@ def test_infinite_bandwidth_is_free():
         TaskCost(2.0, 10, 10), speed=1.0, up_bandwidth=math.inf, down_bandwidth=math.inf
     )
     assert (t.down_s, t.compute_s, t.up_s) == (0.0, 2.0, 0.0)
+
+
+def test_fx_update_times_match_the_authors_code():
+    eps = np.finfo(np.float64).eps
+    # τ_i = 1 − i·(X/100)/(M − 1)
+    np.testing.assert_allclose(fx_update_times(5, 80), [1.0, 0.8, 0.6, 0.4, 0.2], rtol=4 * eps)
+    assert fx_update_times(4, 0).tolist() == [1.0] * 4
+    assert fx_update_times(1, 80).tolist() == [1.0]
 
 
 def test_fx_population_matches_fraboni_times():

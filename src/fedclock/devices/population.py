@@ -11,9 +11,10 @@ cost next to nothing).
 Scenarios
 - ``homogeneous``: every device has ``speed`` and the given bandwidths.
 - ``fx`` (Fraboni et al. §5.1, authors' code): client i's time factor is
-  τ_i = 1 − i·(X/100)/(N−1), so client 0 is the slowest (runs at ``speed``) and
-  client N−1 the fastest (its tasks take (1 − X/100) of the slowest's time).
-  Speed and both bandwidths are divided by τ_i, so every task duration scales by τ_i.
+  τ_i = 1 − i·(X/100)/(N−1) (:func:`fx_update_times`), so client 0 is the
+  slowest (runs at ``speed``) and client N−1 the fastest (its tasks take
+  (1 − X/100) of the slowest's time). Speed and both bandwidths are divided
+  by τ_i, so every task duration scales by τ_i.
 - ``classes`` (Fed-RAA's capability classes β): a list of classes with a fraction
   of the population each and their own speed/bandwidths; clients are assigned
   to classes by a seeded shuffle (largest-remainder counts); a class without
@@ -161,6 +162,18 @@ class Population:
         )
 
 
+def fx_update_times(num_clients: int, percent: float) -> np.ndarray:
+    """Fraboni's FX scenario as in the authors' code: τ_i = 1 − i·(X/100)/(M − 1) (§5.1).
+
+    Client 0 is the slowest (τ = 1), client M−1 the fastest (τ = 1 − X/100); a
+    population of one client has τ = 1. The ``fx`` scenario divides speed and bandwidths by τ_i, so
+    every task duration scales by τ_i.
+    """
+    if num_clients == 1:
+        return np.ones(1)
+    return 1.0 - np.arange(num_clients) * (percent / 100.0) / (num_clients - 1)
+
+
 def _bw(x: float | None) -> float:
     return math.inf if x is None else float(x)
 
@@ -192,8 +205,7 @@ def build_population(cfg, num_clients: int, seed: int) -> Population:  # cfg: Po
             **common,
         )
     if cfg.scenario == "fx":
-        x = cfg.fx_percent / 100.0
-        tau = 1.0 - np.arange(n) * x / (n - 1) if n > 1 else np.ones(1)
+        tau = fx_update_times(n, cfg.fx_percent)
         return Population(
             speed=float(cfg.speed) / tau,
             up_bandwidth=_bw(cfg.up_bandwidth) / tau,

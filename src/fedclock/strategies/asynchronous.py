@@ -48,6 +48,7 @@ from fedclock.strategies.weights import (
     fedfix_weights,
     identical_weights,
     participation_weights,
+    sync_weights,
     time_based_weights,
 )
 
@@ -155,7 +156,7 @@ class WeightRule:
         clients = np.array([c.client for c in contributions], dtype=np.int64)
         p = self.importance[clients]
         if kind == "sync":
-            return p.copy()
+            return sync_weights(p)
         if kind == "participation":
             done = ctx.counters.participation
             counts = np.array([done.get(int(c), 0) + 1 for c in clients], dtype=np.float64)

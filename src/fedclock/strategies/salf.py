@@ -59,11 +59,6 @@ def p_exact_ratio(
     return max(0.0, 1.0 - layer / top) ** num_stragglers
 
 
-def p_exact_independent(prob_beyond: Sequence[float]) -> float:
-    """P(|U^l| = 0) = Π_u P(d_u > l) for independent users."""
-    return float(np.prod(np.asarray(prob_beyond, dtype=np.float64)))
-
-
 def slowdown_survival(x: float, kind: str, sigma: float) -> float:
     """P(s > x) for the population's per-task compute slowdown s (``Population.slowdown``).
 
@@ -294,6 +289,7 @@ class SalfAggregator:
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
     ) -> ModelVersion:
         depth = [c.task.plan.depth or 1 for c in contributions]
+        holders = update_sets(depth, self.units.count)  # U^l, l = 1..L (eq. 8)
         for c in contributions:
             c.weight = 1.0 / len(contributions) if self.mode == "paper" else 1.0 / self.num_users
         params: Params = {}
@@ -303,7 +299,7 @@ class SalfAggregator:
                 params[name] = divide_by_u_update(w, deltas, self.num_users)
             else:
                 unit = self.units.of_param[name]
-                held = [d for d, dep in zip(deltas, depth, strict=True) if dep <= unit]
+                held = [deltas[u] for u in holders[unit - 1]]
                 params[name] = salf_layer_update(w, held, self.p_values[unit - 1])
         buffers: Params = {}
         for name, b in base.buffers.items():
@@ -316,11 +312,7 @@ class SalfAggregator:
                     buffers[name] = b + torch.div(s, self.num_users, rounding_mode="trunc")
             else:
                 unit = self.units.of_buffer.get(name, self.units.count)
-                vals = [
-                    c.buffers[name]
-                    for c, dep in zip(contributions, depth, strict=True)
-                    if dep <= unit
-                ]
+                vals = [contributions[u].buffers[name] for u in holders[unit - 1]]
                 if not vals:
                     buffers[name] = b
                 elif b.is_floating_point():

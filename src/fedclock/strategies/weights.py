@@ -12,7 +12,11 @@ client importance p_i (so the run minimises the federated problem, eq. 2).
 
 FedAsync (Xie, Koyejo & Gupta 2019) mixes θ ← (1 − α_t) θ + α_t θ_new with
 α_t = α · s(staleness); FLSim's FedBuff multiplies each delta's weight by a
-staleness weight s. The functions s live here too.
+staleness weight s. The functions s live here too; the product d_i · s (α · s
+for FedAsync, whose d_i is α) is taken by ``StepAggregator.omega``.
+
+Fraboni's FX update times τ_i are a device scenario:
+:func:`fedclock.devices.population.fx_update_times`.
 """
 
 from __future__ import annotations
@@ -149,21 +153,3 @@ class Staleness:
     @property
     def is_constant(self) -> bool:
         return self.kind == "constant"
-
-
-def fedasync_alpha(alpha: float, staleness: float, s: Staleness) -> float:
-    """FedAsync's mixing weight α_t = α · s(t − τ) (Xie et al. 2019)."""
-    if not 0 < alpha <= 1:
-        raise ValueError("alpha must lie in (0, 1]")
-    return alpha * s(staleness)
-
-
-def fx_update_times(num_clients: int, percent: float) -> np.ndarray:
-    """Fraboni's FX scenario as in the authors' code: τ_i = 1 − i·(X/100)/(M − 1).
-
-    Client 0 is the slowest (τ = 1), client M−1 the fastest (τ = 1 − X/100).
-    The ``fx`` population scenario scales every task duration by this τ_i.
-    """
-    if num_clients == 1:
-        return np.ones(1)
-    return 1.0 - np.arange(num_clients) * (percent / 100.0) / (num_clients - 1)
