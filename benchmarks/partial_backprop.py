@@ -4,7 +4,7 @@ A depth-d task (SALF) runs the full forward pass but backpropagates only through
 layers (a *layer* holds parameters; ReLU/pooling/flatten are not layers) and updates only
 their parameters. Here "depth d" counts the layers trained from the output (d = L is a full
 local-SGD step); fedclock's SALF planner numbers the layer where backprop *stops*, so its
-``plan.depth`` = L − d + 1. The gradient is fedclock's own
+``Suffix(depth)`` with depth = L − d + 1. The gradient is fedclock's own
 :func:`fedclock.train.partial.suffix_grads` (the prefix's parameters do not require grad, so
 no backward graph is recorded for them; ``torch.autograd.grad`` is taken for the suffix
 parameters only), or a stand-alone equivalent when that module is absent; the SGD update

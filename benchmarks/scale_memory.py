@@ -57,7 +57,8 @@ def child(
     from fedclock.sim.simulator import Budget, Simulator
     from fedclock.strategies import LocalSGDPlanner
     from fedclock.train.evaluate import Evaluator
-    from fedclock.train.executor import ClientData, make_executor, snapshot
+    from fedclock.train.executor import ClientData, snapshot
+    from fedclock.train.factory import make_executor
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(POOL, 1, 28, 28, generator=g)

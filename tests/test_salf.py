@@ -21,12 +21,20 @@ from fedclock.config import load_config
 from fedclock.devices import Population
 from fedclock.experiment import run_experiment
 from fedclock.models import build_model, layer_view
+from fedclock.models.shapes import (
+    FULL,
+    Layout,
+    Suffix,
+    Units,
+    Width,
+    build_units,
+    prefix_mask,
+    width_shapes,
+)
 from fedclock.sim.types import TaskPlan
 from fedclock.strategies.salf import (
     RoundSetup,
     StragglerRounds,
-    Units,
-    build_units,
     coverage_update,
     deadline_depth,
     divide_by_u_update,
@@ -34,10 +42,9 @@ from fedclock.strategies.salf import (
     p_exact_deadline,
     p_exact_ratio,
     p_values,
-    prefix_mask,
     salf_layer_update,
+    suffix_depth,
     update_sets,
-    width_shapes,
 )
 from fedclock.train.partial import suffix_grads
 
@@ -181,7 +188,7 @@ def _deadline_rounds(
         method="salf", mode="paper", scenario="deadline", units=units,
         num_users=len(population), straggler_ratio=0.0, t_max=t_max,
         full_plans=[TaskPlan(local_steps=1, batch_size=samples, samples=samples)] * len(population),
-        model_bytes=nbytes,
+        model_bytes=nbytes, layout=Layout(units, {}, nbytes),
     )  # fmt: skip
     return StragglerRounds(setup)
 
@@ -577,6 +584,10 @@ def test_asyncfl_stragglers_participate_less(tmp_path) -> None:
 
 
 # ------------------------------------------------------------------ vectorized suffix tasks
+def _shape(depth: int | None):
+    return FULL if depth is None else Suffix(depth)
+
+
 def _vmap_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """A list that receives the task count of every block trained with ``vmap`` from now on."""
     from fedclock.train.vectorized import VectorizedExecutor
@@ -618,7 +629,9 @@ def test_vectorized_suffix_tasks_equal_the_serial_partial_executor(
     tasks = []
     for c, t in enumerate(_tasks(v0, sizes, 8, steps=3)):
         depth = None if c == 0 else 1 + c % L  # full, and every depth 2..L (L+1: no task)
-        tasks.append(replace(t, plan=replace(t.plan, depth=depth), base=v1 if c % 3 == 0 else v0))
+        tasks.append(
+            replace(t, plan=replace(t.plan, shape=_shape(depth)), base=v1 if c % 3 == 0 else v0)
+        )
     opts = dict(seed=4, lr=0.1, momentum=momentum, weight_decay=1e-3, units=units)
     blocks = _vmap_blocks(monkeypatch)
     serial = PartialExecutor(model, data, **opts).run(tasks)
@@ -626,10 +639,10 @@ def test_vectorized_suffix_tasks_equal_the_serial_partial_executor(
     vec = PartialExecutor(model, data, vectorize=True, **opts)
     _assert_same(serial, vec.run(tasks))
     # one vmap block per depth held by ≥ 2 tasks (a lone task runs on the serial path)
-    per_depth = Counter(t.plan.depth or 1 for t in tasks)
+    per_depth = Counter(suffix_depth(t.plan.shape) for t in tasks)
     assert sorted(blocks) == sorted(n for n in per_depth.values() if n >= 2) != []
     for c, t in zip(serial, tasks, strict=True):  # the frozen prefix sends nothing
-        d = t.plan.depth or 1
+        d = suffix_depth(t.plan.shape)
         for name, delta in c.delta.items():
             assert (units.of_param[name] >= d) == bool(delta.abs().sum() > 0)
 
@@ -681,7 +694,7 @@ def test_vectorized_reference_tasks_equal_serial_with_persistent_momentum(
         tasks = []
         for c, t in enumerate(_tasks(base, sizes, 8, steps=2)):
             depth = None if c % 4 == 0 else 1 + (c + r) % L
-            tasks.append(replace(t, plan=replace(t.plan, depth=depth)))
+            tasks.append(replace(t, plan=replace(t.plan, shape=_shape(depth))))
         a = serial.run(tasks)
         f = fresh.run(tasks)
         assert blocks == []
@@ -690,7 +703,7 @@ def test_vectorized_reference_tasks_equal_serial_with_persistent_momentum(
         blocks.clear()
         _assert_same(a, b)
         for c, t in zip(a, tasks, strict=True):  # only tensors d..L_e are sent
-            d = t.plan.depth or 1
+            d = suffix_depth(t.plan.shape)
             for name, delta in c.delta.items():
                 assert (units.of_param[name] >= d) == bool(delta.abs().sum() > 0)
         # round 1 starts from zero momentum either way; later rounds use the carried buffers
@@ -738,7 +751,7 @@ def test_vectorized_heterofl_submodels_equal_serial(arch, mode, monkeypatch) -> 
                 p.add_(0.01 * (r + 1))
         base = snapshot(model, r)
         tasks = [
-            replace(t, plan=replace(t.plan, width=0.5 if c % 3 else None))
+            replace(t, plan=replace(t.plan, shape=Width(0.5) if c % 3 else FULL))
             for c, t in enumerate(_tasks(base, sizes, 8, steps=2))
         ]
         a, f = serial.run(tasks), fresh.run(tasks)
@@ -748,7 +761,7 @@ def test_vectorized_heterofl_submodels_equal_serial(arch, mode, monkeypatch) -> 
         blocks.clear()
         _assert_same(a, b)
         for c, t in zip(a, tasks, strict=True):  # a submodel sends nothing outside its slice
-            if t.plan.width is not None:
+            if isinstance(t.plan.shape, Width):
                 for name, delta in c.delta.items():
                     outside = delta.clone()
                     outside[held[name]] = 0
@@ -779,10 +792,11 @@ def test_salf_vgg_preset_learns(tmp_path, method: str) -> None:
 def _ref_rounds(charge: str) -> StragglerRounds:
     # 3 reference-mode units (tensors): backward [10, 20, 30] FLOP/sample, forward 100
     units = Units(3, {}, {}, (10.0, 20.0, 30.0), 100.0, (40, 8, 12))
+    layout = Layout(units, {}, 60, charge_full_step=charge == "work")
     setup = RoundSetup(
         method="salf", mode="reference", scenario="ratio", units=units, num_users=1,
         straggler_ratio=1.0, t_max=None, full_plans=[TaskPlan(1, 4, 4)], model_bytes=60,
-        charge=charge,
+        layout=layout,
     )  # fmt: skip
     return StragglerRounds(setup)
 
@@ -791,7 +805,7 @@ def test_reference_mode_charges_the_full_step_it_trains() -> None:
     from dataclasses import replace
 
     full = TaskPlan(local_steps=1, batch_size=4, samples=4)
-    depth3 = replace(full, depth=3)
+    depth3 = replace(full, shape=Suffix(3))
     # charge = work: the authors' straggler runs the whole step (4·(100 + 60) FLOP) and
     # uploads only the tensors it keeps (unit 3: 12 bytes)
     cost = _ref_rounds("work").cost(depth3)

@@ -17,9 +17,11 @@ from fedclock.config import load_config
 from fedclock.devices.cost import TaskCost, TaskTiming
 from fedclock.experiment import run_experiment
 from fedclock.models import build_model
+from fedclock.models.shapes import WorkShape
 from fedclock.sim.types import Contribution, ModelVersion, Task
 from fedclock.strategies import local_sgd_plan
-from fedclock.train.executor import ClientData, SerialExecutor, make_executor, snapshot
+from fedclock.train.executor import ClientData, SerialExecutor, snapshot
+from fedclock.train.factory import make_executor
 from fedclock.train.vectorized import (
     VectorizedExecutor,
     auto_max_batch_clients,
@@ -259,14 +261,6 @@ class _WithBatchNorm(nn.Module):
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class _OtherPlan:
-    local_steps: int
-    batch_size: int
-    samples: int
-    depth: int
-
-
 def test_model_fallbacks_and_batchnorm_gets_a_vectorized_executor(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -409,20 +403,29 @@ def test_batchnorm_padded_batches_and_salf_tasks_run_serially(
     assert len(caplog.records) == 1 and "SALF" in caplog.records[0].getMessage()
 
 
-def test_unknown_plan_type_runs_serially_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+@dataclass(frozen=True)
+class _NewShape(WorkShape):
+    """A kind of partial work no executor knows (e.g. a future model fragment)."""
+
+    part: int = 1
+
+
+def test_an_unknown_work_shape_is_refused_not_trained_fully() -> None:
+    from dataclasses import replace
+
+    from fedclock.models.shapes import UnsupportedShapeError
+
     sizes = [10, 12, 9]
     data = _data(sizes, (6,))
     m = build_model("logreg", input_shape=(6,), num_classes=10, seed=0)
     tasks = _tasks(snapshot(m, 0), sizes, 4, epochs=1.0)
-    other = [
-        Task(t.task_id, t.client, 0, t.base, _OtherPlan(t.plan.local_steps, 4, t.plan.samples, 1),  # type: ignore[arg-type]
-             t.cost, t.timing, 0.0)
-        for t in tasks
-    ]  # fmt: skip
-    with caplog.at_level(logging.INFO, logger="fedclock"):
-        out = VectorizedExecutor(m, data, seed=0, lr=0.1).run([tasks[0], *other[1:]])
-    assert len(caplog.records) == 1 and "_OtherPlan" in caplog.records[0].getMessage()
-    _assert_same(SerialExecutor(m, data, seed=0, lr=0.1).run(tasks), out, same_tasks=False)
+    odd = [tasks[0], replace(tasks[1], plan=replace(tasks[1].plan, shape=_NewShape()))]
+    for ex in (
+        SerialExecutor(m, data, seed=0, lr=0.1),
+        VectorizedExecutor(m, data, seed=0, lr=0.1),
+    ):
+        with pytest.raises(UnsupportedShapeError, match=r"cannot run _NewShape\(part=1\) tasks"):
+            ex.run(odd)
 
 
 # ------------------------------------------------------------------ blocks

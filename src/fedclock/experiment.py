@@ -29,7 +29,8 @@ from fedclock.rng import torch_seed
 from fedclock.sim.simulator import Budget, Simulator
 from fedclock.strategies import BuildInfo, Strategy, SyncRounds, build_strategy, fedavg_weights
 from fedclock.train.evaluate import ClientLossEvaluator, Evaluator
-from fedclock.train.executor import ClientData, make_executor, resolve_device, snapshot
+from fedclock.train.executor import ClientData, snapshot
+from fedclock.train.factory import make_executor, resolve_device
 
 
 @dataclass

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedclock.devices.cost import TaskCost, TaskTiming
+from fedclock.models.shapes import FULL, WorkShape
 
 Params = dict[str, torch.Tensor]
 
@@ -35,10 +36,8 @@ class TaskPlan:
     batch_size: int
     samples: int
     epochs: float | None = None
-    # SALF layer-suffix task: only layers depth..L are updated (1-based; L+1 = nothing;
-    # None = the full model). HeteroFL: a width-`width` submodel (None = full width).
-    depth: int | None = None
-    width: float | None = None
+    # what the task trains: the full model, a layer suffix (SALF), a width slice (HeteroFL)
+    shape: WorkShape = FULL
 
 
 @dataclass(eq=False, slots=True)

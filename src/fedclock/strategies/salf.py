@@ -25,8 +25,20 @@ import torch
 
 from fedclock.devices.cost import TaskCost
 from fedclock.devices.population import Population
+from fedclock.models.shapes import (
+    FULL,
+    Layout,
+    Suffix,
+    Units,
+    Width,
+    build_units,
+    prefix_mask,
+    width_shapes,
+)
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task, TaskPlan
+
+__all__ = ["Units", "build_units", "prefix_mask", "width_shapes"]  # re-exported (tests, docs)
 
 log = logging.getLogger(__name__)
 
@@ -153,112 +165,6 @@ def coverage_update(
     return w + torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(w))
 
 
-def width_shapes(shapes: Sequence[tuple[int, ...]], rate: float) -> list[tuple[int, ...]]:
-    """Prefix shapes of a width-``rate`` submodel (HeteroFL), tensors in forward order.
-
-    Every tensor of ≥ 2 dims is a weight layer: its output dim keeps the first
-    ⌈rate·C⌉ entries (the last weight layer keeps all outputs) and its input dim
-    follows the previous selection (a prefix of the flattened features when a
-    linear layer follows a convolution: channel-major flattening). 1-dim tensors
-    (bias, BN) follow the current output selection.
-    """
-    weights = [i for i, s in enumerate(shapes) if len(s) >= 2]
-    last = weights[-1] if weights else -1
-    prev_full: int | None = None
-    prev_keep: int | None = None
-    out: list[tuple[int, ...]] = []
-    cur_full = cur_keep = 0
-    for i, s in enumerate(shapes):
-        if len(s) >= 2:
-            cur_full = s[0]
-            cur_keep = s[0] if i == last else math.ceil(rate * s[0])
-            fan_in = s[1]
-            if prev_full is None or prev_keep is None:
-                keep_in = fan_in
-            else:
-                keep_in = fan_in * prev_keep // prev_full  # prefix of the flattened features
-            out.append((cur_keep, keep_in, *s[2:]))
-            prev_full, prev_keep = cur_full, cur_keep
-        elif len(s) == 1 and s[0] == cur_full and cur_full > 0:
-            out.append((cur_keep,))
-        else:
-            out.append(tuple(s))
-    return out
-
-
-def prefix_mask(
-    shape: tuple[int, ...], keep: tuple[int, ...], device: torch.device | str = "cpu"
-) -> torch.Tensor:
-    mask = torch.zeros(shape, dtype=torch.bool, device=device)
-    mask[tuple(slice(0, k) for k in keep)] = True
-    return mask
-
-
-# --------------------------------------------------------------------- units
-@dataclass(frozen=True)
-class Units:
-    """The model's "layers" in the mode in force, input side first (1-based in the docs).
-
-    ``of_param``/``of_buffer`` give each tensor's 1-based unit; ``bwd_flops`` the
-    backward FLOPs per sample of each unit; ``fwd_flops`` the whole forward.
-    """
-
-    count: int
-    of_param: dict[str, int]
-    of_buffer: dict[str, int]
-    bwd_flops: tuple[float, ...]
-    fwd_flops: float
-    param_bytes: tuple[int, ...]
-    # backward FLOPs of a unit when it is the deepest computed: its input gradient is not
-    # needed, so only the weight gradient (= its forward FLOPs) is charged
-    bwd_first: tuple[float, ...] = ()
-
-    def suffix_bwd(self, depth: int) -> float:
-        """Backward FLOPs per sample of a task of this depth (units depth..L)."""
-        if depth > self.count:
-            return 0.0
-        first = self.bwd_first[depth - 1] if self.bwd_first else self.bwd_flops[depth - 1]
-        return first + sum(self.bwd_flops[depth:])
-
-    def suffix_bytes(self, depth: int) -> int:
-        """Bytes of units depth..L: what a task of this depth uploads."""
-        return int(sum(self.param_bytes[depth - 1 :]))
-
-
-def build_units(model: torch.nn.Module, layers: Sequence[Any], mode: str) -> Units:
-    """Units from :func:`fedclock.models.layer_view` (``paper``) or the state dict (``reference``)."""
-    fwd = float(sum(layer.fwd_flops for layer in layers))
-    owner = {name: layer for layer in layers for name in layer.param_names}
-    params = dict(model.named_parameters())
-    if mode == "paper":
-        of_param = {n: layer.index + 1 for layer in layers for n in layer.param_names}
-        module_unit = {layer.name: layer.index + 1 for layer in layers}
-        of_buffer = {}
-        for name, _ in model.named_buffers():
-            mod = name.rsplit(".", 1)[0]
-            of_buffer[name] = module_unit.get(mod, len(layers))
-        nbytes = tuple(
-            sum(params[n].numel() * params[n].element_size() for n in layer.param_names)
-            for layer in layers
-        )
-        bwd_first = tuple(min(lay.fwd_flops, lay.bwd_flops) for lay in layers)
-        return Units(
-            len(layers), of_param, of_buffer, tuple(lay.bwd_flops for lay in layers), fwd, nbytes,
-            bwd_first,
-        )  # fmt: skip
-    entries = list(model.state_dict().items())
-    of_param, of_buffer, bwd, nb = {}, {}, [], []
-    for i, (name, tensor) in enumerate(entries):
-        is_param = name in params
-        (of_param if is_param else of_buffer)[name] = i + 1
-        layer = owner.get(name)
-        # a layer's backward FLOPs are charged to its weight tensor (bias gradients are sums)
-        first = layer is not None and layer.param_names[0] == name
-        bwd.append(float(layer.bwd_flops) if first and layer is not None else 0.0)
-        nb.append(tensor.numel() * tensor.element_size())
-    return Units(len(entries), of_param, of_buffer, tuple(bwd), fwd, tuple(nb))
-
-
 def deadline_depth(durations: Sequence[float], t_max: float) -> int:
     """Deepest unit reached under a deadline: the smallest d with ``durations[d−1]`` ≤ t_max,
     where ``durations[d−1]`` is the whole depth-d task's time (non-increasing in d: a deeper
@@ -288,7 +194,7 @@ class SalfAggregator:
     def aggregate(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
     ) -> ModelVersion:
-        depth = [c.task.plan.depth or 1 for c in contributions]
+        depth = [suffix_depth(c.task.plan.shape) for c in contributions]
         holders = update_sets(depth, self.units.count)  # U^l, l = 1..L (eq. 8)
         for c in contributions:
             c.weight = 1.0 / len(contributions) if self.mode == "paper" else 1.0 / self.num_users
@@ -322,33 +228,36 @@ class SalfAggregator:
         return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
 
 
+def suffix_depth(shape: object) -> int:
+    """d of a full (1) or layer-suffix task: the user is in U^l for l ≥ d (eq. 8)."""
+    if shape is FULL:
+        return 1
+    if isinstance(shape, Suffix):
+        return shape.depth
+    raise ValueError(f"SALF's layer-wise aggregation cannot take a {shape!r} contribution")
+
+
 class CoverageAggregator:
-    """HeteroFL: per-element average over the clients holding each element."""
+    """HeteroFL: each element averaged over the contributions covering it (``WorkShape.coverage``)."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
 
     def aggregate(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
     ) -> ModelVersion:
-        names = list(base.params)
-        shapes = [tuple(base.params[n].shape) for n in names]
-        masks_by_rate: dict[float, dict[str, torch.Tensor]] = {}
+        layout = self.layout
+        shapes = {c.task.plan.shape for c in contributions}
         params: Params = {}
-        per_contrib: list[dict[str, torch.Tensor] | None] = []
-        for c in contributions:
-            r = c.task.plan.width
-            if r is None:
-                per_contrib.append(None)
-                continue
-            if r not in masks_by_rate:
-                keep = width_shapes(shapes, r)
-                masks_by_rate[r] = {
-                    n: prefix_mask(s, k, base.params[n].device)
-                    for n, s, k in zip(names, shapes, keep, strict=True)
-                }
-            per_contrib.append(masks_by_rate[r])
-        for name in names:
-            w = base.params[name]
+        for name, w in base.params.items():
             full = torch.ones_like(w, dtype=torch.bool)
-            masks = [full if m is None else m[name] for m in per_contrib]
+            cover: dict[object, torch.Tensor] = {}
+            for shape in shapes:
+                got = shape.coverage(layout, name, w)
+                cover[shape] = full if got is True else got  # type: ignore[assignment]
+                if got is False:
+                    cover[shape] = torch.zeros_like(w, dtype=torch.bool)
+            masks = [cover[c.task.plan.shape] for c in contributions]
             params[name] = coverage_update(w, [c.delta[name] for c in contributions], masks)
         for c in contributions:
             c.weight = 1.0 / max(1, len(contributions))
@@ -368,16 +277,11 @@ class RoundSetup:
     t_max: float | None
     full_plans: Sequence[TaskPlan]  # each user's full local task (from its own data size)
     model_bytes: int
+    # the model as work shapes see it (units, tensor shapes, bytes; with
+    # ``charge_full_step`` a reference-mode suffix task is charged the full step it trains)
+    layout: Layout
     heterofl_rate: float = 0.5
-    # work: charge what the executor runs (reference mode trains the full step);
-    # suffix: forward + backward of units d..L (the paper's accounting)
-    charge: str = "work"
     fixed: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def charges_full_step(self) -> bool:
-        """A depth-d task is charged the whole backward pass (reference mode, charge=work)."""
-        return self.mode == "reference" and self.charge == "work"
 
 
 class StragglerRounds:
@@ -412,20 +316,8 @@ class StragglerRounds:
 
     # ---- planner
     def cost(self, plan: TaskPlan) -> TaskCost:
-        """What a task costs on the clock: compute for the layers the executor trains (or,
-        with ``salf.charge: suffix``, layers d..L only) and the upload of layers d..L."""
-        u = self.s.units
-        full_bytes = self.s.model_bytes
-        if plan.width is not None:
-            scale = plan.width**2  # hidden×hidden layers shrink by r² (documented approximation)
-            return TaskCost(
-                flops=scale * plan.samples * (u.fwd_flops + sum(u.bwd_flops)),
-                bytes_down=int(scale * full_bytes), bytes_up=int(scale * full_bytes),
-            )  # fmt: skip
-        d = plan.depth or 1
-        bwd = plan.samples * u.suffix_bwd(1 if self.s.charges_full_step else d)
-        up = u.suffix_bytes(d) if plan.depth is not None else full_bytes
-        return TaskCost(flops=plan.samples * u.fwd_flops + bwd, bytes_down=full_bytes, bytes_up=up)
+        """What a task costs on the clock: its work shape's cost (``WorkShape.cost``)."""
+        return plan.shape.cost(self.s.layout, plan.samples)
 
     def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
         got = self._next.get(client)
@@ -482,7 +374,7 @@ class StragglerRounds:
             k = ctx.prepare(c).k  # the round's task counter: it keys the slowdown draw
             full = s.full_plans[c]
             durations = [
-                timing(c, self.cost(replace(full, depth=d) if d > 1 else full), k).duration
+                timing(c, self.cost(replace(full, shape=Suffix(d)) if d > 1 else full), k).duration
                 for d in range(1, L + 1)
             ]
             out[c] = deadline_depth(durations, s.t_max)
@@ -520,9 +412,9 @@ class StragglerRounds:
             elif s.method == "drop-stragglers":
                 plan = None if straggler else full
             elif s.method == "salf":
-                plan = None if d > L else (replace(full, depth=d) if d > 1 else full)
+                plan = None if d > L else (replace(full, shape=Suffix(d)) if d > 1 else full)
             elif s.method == "heterofl":
-                plan = replace(full, width=s.heterofl_rate) if straggler else full
+                plan = replace(full, shape=Width(s.heterofl_rate)) if straggler else full
             elif s.method == "asyncfl":
                 plan, base = self._asyncfl(ctx, c, d, straggler)
             if plan is None:
@@ -599,16 +491,16 @@ def p_values(setup: RoundSetup, rule: str, population: Population | None = None)
     if population is None:
         raise ValueError("p_rule 'exact' in the deadline scenario needs the population")
     assert setup.t_max is not None
-    u = setup.units
+    # one sample's depth-l task, l = 1..L: the same shapes and costs the rounds dispatch
+    per_sample = [(FULL if d == 1 else Suffix(d)).cost(setup.layout, 1) for d in range(1, L + 1)]
     return p_exact_deadline(
         t_max=setup.t_max, speed=population.speed.tolist(),
         up_bandwidth=population.up_bandwidth.tolist(),
         down_bandwidth=population.down_bandwidth.tolist(), slowdown_kind=population.slowdown_kind,
         slowdown_sigma=population.slowdown_sigma,
         samples=[plan.samples for plan in setup.full_plans],
-        flops_per_sample=[u.fwd_flops + u.suffix_bwd(d) for d in range(1, L + 1)],
-        down_bytes=setup.model_bytes,
-        up_bytes=[setup.model_bytes] + [u.suffix_bytes(d) for d in range(2, L + 1)],
+        flops_per_sample=[c.flops for c in per_sample], down_bytes=setup.model_bytes,
+        up_bytes=[c.bytes_up for c in per_sample],
     )  # fmt: skip
 
 
@@ -649,12 +541,16 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
         method=method, mode=sc.mode, scenario=sc.scenario, units=units, num_users=len(sizes),
         straggler_ratio=cfg.population.straggler_ratio, t_max=cfg.strategy.t_max,
         full_plans=[by_size[int(n)] for n in sizes], model_bytes=info.model_bytes,
-        heterofl_rate=sc.heterofl_rate, charge=sc.charge,
+        layout=Layout.of(
+            info.model, units, info.model_bytes,
+            charge_full_step=sc.mode == "reference" and sc.charge == "work",
+        ),
+        heterofl_rate=sc.heterofl_rate,
     )  # fmt: skip
     rounds = StragglerRounds(setup)
     aggregator: Any
     if method == "heterofl":
-        aggregator = CoverageAggregator()
+        aggregator = CoverageAggregator(setup.layout)
     else:
         population = info.population
         if population is None and sc.scenario == "deadline" and sc.p_rule == "exact":

@@ -11,20 +11,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedclock.models.shapes import FULL, refuse
 from fedclock.rng import counter_key, counter_keys, splitmix64_array
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task
 
 _GAMMA_U64 = np.uint64(0x9E3779B97F4A7C15)
-
-if TYPE_CHECKING:
-    from fedclock.train.vectorized import VectorizedExecutor
 
 
 @dataclass(frozen=True)
@@ -204,6 +201,8 @@ class SerialExecutor:
         return [self.run_one(t) for t in tasks]
 
     def run_one(self, task: Task) -> Contribution:
+        if task.plan.shape is not FULL:
+            raise refuse("serial executor", task.plan.shape, "full-model tasks")
         model = self.model
         load_version(model, task.base)
         model.train()
@@ -231,47 +230,3 @@ class SerialExecutor:
             num_samples=len(idx),
             train_loss=total / max(1, len(steps)),
         )
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        from fedclock.errors import ConfigError
-
-        raise ConfigError(
-            "executor.device is 'cuda' but no CUDA device is available; use 'cpu' or 'auto'."
-        )
-    return torch.device(name)
-
-
-def make_executor(
-    kind: str,
-    model: nn.Module,
-    data: ClientData,
-    *,
-    seed: int,
-    train,
-    device: str,
-    max_batch_clients: int | None = None,
-    delta_views: bool = False,
-) -> SerialExecutor | VectorizedExecutor:
-    """Build the executor named in the config.
-
-    ``serial``: one task after another. ``vectorized`` and ``auto`` (the
-    default): :class:`~fedclock.train.vectorized.VectorizedExecutor`, which
-    runs tasks serially (logged once) where it cannot batch them.
-    """
-    from fedclock.train.vectorized import make_vectorized_or_serial
-
-    kwargs: dict[str, Any] = dict(
-        seed=seed, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay,
-        device=resolve_device(device),
-    )  # fmt: skip
-    if kind == "serial":
-        return SerialExecutor(model, data, **kwargs)
-    if kind in ("auto", "vectorized"):
-        return make_vectorized_or_serial(
-            model, data, max_batch_clients=max_batch_clients, delta_views=delta_views, **kwargs
-        )
-    raise ValueError(f"unknown executor {kind!r}; allowed: auto, serial, vectorized")

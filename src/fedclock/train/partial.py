@@ -9,13 +9,13 @@ shrink with the depth; see the tests).
 
 :class:`PartialExecutor` runs the tasks of the SALF family:
 
-- ``paper`` mode: plan.depth d → the suffix gradient of module layers d..L,
+- ``paper`` mode: a ``Suffix(d)`` shape → the suffix gradient of module layers d..L,
   then one SGD step on those layers only (the others are not sent: Δ = 0);
 - ``reference`` mode (the authors' code): a straggler trains fully and keeps
   only the last tensors (state-dict entries d..L_e); every other entry,
   buffers included, is reset to the global value. The momentum buffers of
   every client persist across rounds (one optimizer per client for the run);
-- plan.width r → a HeteroFL submodel: the first ⌈r·C⌉ channels/neurons of
+- a ``Width(r)`` shape → a HeteroFL submodel: the first ⌈r·C⌉ channels/neurons of
   every hidden layer, activations of hidden layers divided by r in training.
 
 For a model without buffers, full and layer-suffix tasks go to the vectorized
@@ -39,9 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from fedclock.models.shapes import FULL, Suffix, Units, Width, refuse, width_shapes
 from fedclock.rng import torch_generator
 from fedclock.sim.types import Contribution, Params, Task
-from fedclock.strategies.salf import Units, width_shapes
 from fedclock.train.executor import ClientData, SerialExecutor, batch_schedule, load_version
 from fedclock.train.vectorized import Scale
 
@@ -172,16 +172,21 @@ class PartialExecutor(SerialExecutor):
                 p.sub_(self.lr * g)
 
     def run_one(self, task: Task) -> Contribution:
-        plan = task.plan
-        if plan.width is not None:
-            return self._run_width(task)
-        if plan.depth is None and not self.persistent_momentum and self.mode == "paper":
-            return super().run_one(task)
+        shape = task.plan.shape
+        if isinstance(shape, Width):
+            return self._run_width(task, shape.rate)
+        if shape is FULL:
+            if not self.persistent_momentum and self.mode == "paper":
+                return super().run_one(task)
+            depth = 1
+        elif isinstance(shape, Suffix):
+            depth = shape.depth
+        else:
+            raise refuse("partial-work executor", shape, "full, layer-suffix and width tasks")
         model = self.model
         load_version(model, task.base)
         model.train()
         params = dict(model.named_parameters())
-        depth = plan.depth or 1
         if self.mode == "paper":
             suffix = [n for n in self._names if self.units.of_param[n] >= depth]
         else:  # the authors train fully, then keep the last tensors
@@ -211,9 +216,8 @@ class PartialExecutor(SerialExecutor):
             train_loss=total / max(1, len(steps)),
         )  # fmt: skip
 
-    def _run_width(self, task: Task) -> Contribution:
+    def _run_width(self, task: Task, rate: float) -> Contribution:
         model = self.model
-        rate = float(task.plan.width or 1.0)
         base = task.base.params
         views = self._width_views(rate)
         sub = {

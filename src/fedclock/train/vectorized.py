@@ -70,7 +70,7 @@ runs those serially for models with buffers anyway).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,7 +79,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedclock.sim.types import Contribution, ModelVersion, Params, Task, TaskPlan
+from fedclock.models.shapes import FULL, Full, Suffix, Width, refuse
+from fedclock.sim.types import Contribution, ModelVersion, Params, Task
 from fedclock.train.executor import (
     ClientData,
     SerialExecutor,
@@ -248,7 +249,7 @@ class VectorizedExecutor:
         self._x = data.x.to(self.device)
         self._y = data.y.to(self.device)
         self._names = [n for n, _ in model.named_parameters()]
-        # SALF layer-suffix tasks (plan.depth = d): parameter → its layer; only the
+        # SALF layer-suffix tasks (shape Suffix(d)): parameter → its layer; only the
         # parameters of layers ≥ d train, the others are frozen inputs of the loss
         self._layer_of = layer_of
         # SALF reference mode (the authors' code): a depth-d task trains every tensor, then
@@ -257,7 +258,7 @@ class VectorizedExecutor:
         # momentum buffers kept per client across tasks (reference mode), read at a block's
         # start and written back at its end; None: every task starts from zero momentum
         self._momentum_store = momentum_store
-        # HeteroFL submodels (plan.width = r): the slice of every tensor a width-r client
+        # HeteroFL submodels (shape Width(r)): the slice of every tensor a width-r client
         # holds, and the modules whose outputs are divided by r in training (the Scaler)
         self._width_views = width_views
         self._scaled = tuple(scaled)
@@ -344,15 +345,19 @@ class VectorizedExecutor:
 
     def run(self, tasks: Sequence[Task]) -> list[Contribution]:
         out: list[Contribution | None] = [None] * len(tasks)
-        groups: dict[tuple[int, int, float | None], list[int]] = {}  # batch size, depth, width
+        groups: dict[tuple[int, Hashable], list[int]] = {}  # batch size, work shape's key
         for i, task in enumerate(tasks):
+            shape = task.plan.shape
+            if not isinstance(shape, Full | Suffix | Width):
+                raise refuse("vectorized executor", shape, "full, layer-suffix and width tasks")
             reason = self._why_serial(task)
             if reason is not None:
                 self._log_once(reason)
                 out[i] = self._serial_executor().run_one(task)
                 continue
-            depth = 1 if self._keep_last else task.plan.depth or 1
-            groups.setdefault((task.plan.batch_size, depth, task.plan.width), []).append(i)
+            if self._keep_last and isinstance(shape, Suffix):  # trains fully: depths share
+                shape = FULL
+            groups.setdefault((task.plan.batch_size, shape.key()), []).append(i)
         for members in groups.values():
             if len(members) < self.min_block:  # vmap's overhead does not pay for one client
                 for i in members:
@@ -371,14 +376,13 @@ class VectorizedExecutor:
     def _why_serial(self, task: Task) -> str | None:
         if self._reason is not None:
             return self._reason
-        if type(task.plan) is not TaskPlan:
-            return f"task plan type {type(task.plan).__name__} is not batched yet"
-        if task.plan.width is not None and self._width_views is None:
+        shape = task.plan.shape
+        if isinstance(shape, Width) and self._width_views is None:
             return "width-sliced (HeteroFL) tasks need the submodel's slices"
-        if task.plan.depth is not None and self._layer_of is None:
+        if isinstance(shape, Suffix) and self._layer_of is None:
             return "layer-suffix tasks need the model's layer map"
         if self._bn:
-            if self._bn_salf or task.plan.depth is not None or task.plan.width is not None:
+            if self._bn_salf or shape is not FULL:
                 return "SALF-family tasks on a BatchNorm model are not batched"
             if self._has_partial_batch(task):
                 return "a BatchNorm model's batch statistics would include padded rows"
@@ -467,14 +471,15 @@ class VectorizedExecutor:
             ).to(base.params[self._names[0]].dtype)  # not the input dtype: tokens are int64
             rows = rows.clamp(min=0)
 
-        depth = 1 if self._keep_last else tasks[0].plan.depth or 1
+        shape = tasks[0].plan.shape
+        depth = shape.depth if isinstance(shape, Suffix) and not self._keep_last else 1
         if depth > 1:  # SALF suffix: layers depth..L train, the prefix is frozen
             assert self._layer_of is not None
             names = [n for n in self._names if self._layer_of[n] >= depth]
             fixed = [n for n in self._names if self._layer_of[n] < depth]
         else:
             names, fixed = self._names, []
-        rate = tasks[0].plan.width
+        rate = shape.rate if isinstance(shape, Width) else None
         views = self._width_views(rate) if rate is not None and self._width_views else None
 
         def cut(t: torch.Tensor, n: str) -> torch.Tensor:  # a submodel's slice of a tensor
@@ -626,7 +631,8 @@ class VectorizedExecutor:
                     fd[views[n]] = d
                     full_delta[n] = fd
                 delta = full_delta
-            keep_from = task.plan.depth or 1
+            shape = task.plan.shape
+            keep_from = shape.depth if isinstance(shape, Suffix) else 1
             if self._keep_last and keep_from > 1:  # the authors keep tensors d..L_e only
                 assert self._layer_of is not None
                 delta = {

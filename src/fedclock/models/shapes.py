@@ -1,0 +1,298 @@
+"""Work shapes: what a task trains, as a value (see docs/architecture.md, "Work shapes").
+
+A :class:`WorkShape` says which part of the model a task trains and sends back:
+
+- :data:`FULL` — every parameter (local SGD);
+- :class:`Suffix` ``(depth)`` — SALF's layer suffix: units depth..L (1-based, input side
+  first; a unit is a module layer in ``paper`` mode, a state-dict tensor in ``reference``);
+- :class:`Width` ``(rate)`` — HeteroFL's width-r submodel: the first ⌈r·C⌉ channels or
+  neurons of every hidden layer (:func:`width_shapes`).
+
+A shape knows, given the model's :class:`Layout`: its grouping key (tasks of one key batch
+together in the vectorized executor), which tensors it trains (:meth:`WorkShape.trains`),
+the part of each tensor it covers (:meth:`WorkShape.coverage`: aggregators average each
+element over the contributions that cover it) and its cost (:meth:`WorkShape.cost`). Planners
+choose shapes; executors run the shapes they support and refuse the rest
+(:func:`refuse`); nothing else needs to know which paper a shape came from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedclock.devices.cost import TaskCost
+
+
+class UnsupportedShapeError(ValueError):
+    """An executor was given a work shape it cannot run."""
+
+
+def refuse(executor: str, shape: WorkShape, supported: str) -> UnsupportedShapeError:
+    return UnsupportedShapeError(
+        f"The {executor} cannot run {shape.describe()} tasks (it runs {supported}); "
+        "the strategy's planner and the executor do not match."
+    )
+
+
+def width_shapes(shapes: Sequence[tuple[int, ...]], rate: float) -> list[tuple[int, ...]]:
+    """Prefix shapes of a width-``rate`` submodel (HeteroFL), tensors in forward order.
+
+    Every tensor of ≥ 2 dims is a weight layer: its output dim keeps the first
+    ⌈rate·C⌉ entries (the last weight layer keeps all outputs) and its input dim
+    follows the previous selection (a prefix of the flattened features when a
+    linear layer follows a convolution: channel-major flattening). 1-dim tensors
+    (bias, BN) follow the current output selection.
+    """
+    weights = [i for i, s in enumerate(shapes) if len(s) >= 2]
+    last = weights[-1] if weights else -1
+    prev_full: int | None = None
+    prev_keep: int | None = None
+    out: list[tuple[int, ...]] = []
+    cur_full = cur_keep = 0
+    for i, s in enumerate(shapes):
+        if len(s) >= 2:
+            cur_full = s[0]
+            cur_keep = s[0] if i == last else math.ceil(rate * s[0])
+            fan_in = s[1]
+            if prev_full is None or prev_keep is None:
+                keep_in = fan_in
+            else:
+                keep_in = fan_in * prev_keep // prev_full  # prefix of the flattened features
+            out.append((cur_keep, keep_in, *s[2:]))
+            prev_full, prev_keep = cur_full, cur_keep
+        elif len(s) == 1 and s[0] == cur_full and cur_full > 0:
+            out.append((cur_keep,))
+        else:
+            out.append(tuple(s))
+    return out
+
+
+def prefix_mask(
+    shape: tuple[int, ...], keep: tuple[int, ...], device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    mask = torch.zeros(shape, dtype=torch.bool, device=device)
+    mask[tuple(slice(0, k) for k in keep)] = True
+    return mask
+
+
+# --------------------------------------------------------------------- units
+@dataclass(frozen=True)
+class Units:
+    """The model's "layers" in the mode in force, input side first (1-based in the docs).
+
+    ``of_param``/``of_buffer`` give each tensor's 1-based unit; ``bwd_flops`` the
+    backward FLOPs per sample of each unit; ``fwd_flops`` the whole forward.
+    """
+
+    count: int
+    of_param: dict[str, int]
+    of_buffer: dict[str, int]
+    bwd_flops: tuple[float, ...]
+    fwd_flops: float
+    param_bytes: tuple[int, ...]
+    # backward FLOPs of a unit when it is the deepest computed: its input gradient is not
+    # needed, so only the weight gradient (= its forward FLOPs) is charged
+    bwd_first: tuple[float, ...] = ()
+
+    def suffix_bwd(self, depth: int) -> float:
+        """Backward FLOPs per sample of a task of this depth (units depth..L)."""
+        if depth > self.count:
+            return 0.0
+        first = self.bwd_first[depth - 1] if self.bwd_first else self.bwd_flops[depth - 1]
+        return first + sum(self.bwd_flops[depth:])
+
+    def suffix_bytes(self, depth: int) -> int:
+        """Bytes of units depth..L: what a task of this depth uploads."""
+        return int(sum(self.param_bytes[depth - 1 :]))
+
+
+def build_units(model: torch.nn.Module, layers: Sequence[Any], mode: str) -> Units:
+    """Units from :func:`fedclock.models.layer_view` (``paper``) or the state dict (``reference``)."""
+    fwd = float(sum(layer.fwd_flops for layer in layers))
+    owner = {name: layer for layer in layers for name in layer.param_names}
+    params = dict(model.named_parameters())
+    if mode == "paper":
+        of_param = {n: layer.index + 1 for layer in layers for n in layer.param_names}
+        module_unit = {layer.name: layer.index + 1 for layer in layers}
+        of_buffer = {}
+        for name, _ in model.named_buffers():
+            mod = name.rsplit(".", 1)[0]
+            of_buffer[name] = module_unit.get(mod, len(layers))
+        nbytes = tuple(
+            sum(params[n].numel() * params[n].element_size() for n in layer.param_names)
+            for layer in layers
+        )
+        bwd_first = tuple(min(lay.fwd_flops, lay.bwd_flops) for lay in layers)
+        return Units(
+            len(layers), of_param, of_buffer, tuple(lay.bwd_flops for lay in layers), fwd, nbytes,
+            bwd_first,
+        )  # fmt: skip
+    entries = list(model.state_dict().items())
+    of_param, of_buffer, bwd, nb = {}, {}, [], []
+    for i, (name, tensor) in enumerate(entries):
+        is_param = name in params
+        (of_param if is_param else of_buffer)[name] = i + 1
+        layer = owner.get(name)
+        # a layer's backward FLOPs are charged to its weight tensor (bias gradients are sums)
+        first = layer is not None and layer.param_names[0] == name
+        bwd.append(float(layer.bwd_flops) if first and layer is not None else 0.0)
+        nb.append(tensor.numel() * tensor.element_size())
+    return Units(len(entries), of_param, of_buffer, tuple(bwd), fwd, tuple(nb))
+
+
+# --------------------------------------------------------------------- layout and shapes
+@dataclass(frozen=True)
+class Layout:
+    """What a work shape needs to know about the model."""
+
+    units: Units
+    param_shapes: dict[str, tuple[int, ...]]  # forward order
+    model_bytes: int  # parameters only: what a full download or upload moves
+    # reference mode (the authors' code): a depth-d task trains the full step, then keeps
+    # units d..L_e; with ``charge_full_step`` its cost counts that full step
+    charge_full_step: bool = False
+    _width_masks: dict[float, dict[str, tuple[int, ...]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    @classmethod
+    def of(cls, model: nn.Module, units: Units, model_bytes: int, **kw: Any) -> Layout:
+        shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        return cls(units=units, param_shapes=shapes, model_bytes=model_bytes, **kw)
+
+    def width_keep(self, rate: float) -> dict[str, tuple[int, ...]]:
+        """The prefix each tensor keeps in a width-``rate`` submodel (cached per rate)."""
+        keep = self._width_masks.get(rate)
+        if keep is None:
+            names = list(self.param_shapes)
+            kept = width_shapes([self.param_shapes[n] for n in names], rate)
+            keep = self._width_masks[rate] = dict(zip(names, kept, strict=True))
+        return keep
+
+
+class WorkShape:
+    """Base of the work shapes (frozen dataclasses: hashable, comparable values)."""
+
+    def key(self) -> Hashable:
+        """Tasks of equal keys can share a vectorized block."""
+        return self
+
+    def describe(self) -> str:
+        return repr(self)
+
+    def trains(self, layout: Layout, name: str) -> bool:
+        """Whether the task trains (and sends) parameter ``name``."""
+        raise NotImplementedError
+
+    def holds_buffer(self, layout: Layout, name: str) -> bool:
+        """Whether the task's buffer ``name`` (e.g. BatchNorm statistics) counts in the average."""
+        raise NotImplementedError
+
+    def coverage(self, layout: Layout, name: str, like: torch.Tensor) -> torch.Tensor | bool:
+        """The elements of parameter ``name`` the task covers: True (all), False (none) or a
+        boolean mask shaped like ``like``."""
+        return self.trains(layout, name)
+
+    def cost(self, layout: Layout, samples: int) -> TaskCost:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Full(WorkShape):
+    """The whole model."""
+
+    def describe(self) -> str:
+        return "full-model"
+
+    def trains(self, layout: Layout, name: str) -> bool:
+        return True
+
+    def holds_buffer(self, layout: Layout, name: str) -> bool:
+        return True
+
+    def cost(self, layout: Layout, samples: int) -> TaskCost:
+        u = layout.units
+        bwd = samples * u.suffix_bwd(1)
+        return TaskCost(
+            flops=samples * u.fwd_flops + bwd,
+            bytes_down=layout.model_bytes,
+            bytes_up=layout.model_bytes,
+        )
+
+
+FULL = Full()
+
+
+@dataclass(frozen=True)
+class Suffix(WorkShape):
+    """SALF's layer suffix: units ``depth``..L train and are sent (eq. 8: the user is in
+    U^l for l ≥ depth); the forward pass runs through every unit."""
+
+    depth: int
+
+    def __post_init__(self) -> None:
+        if self.depth < 1:
+            raise ValueError(f"a layer suffix starts at depth ≥ 1, got {self.depth}")
+
+    def key(self) -> Hashable:
+        return FULL if self.depth == 1 else self  # depth 1 trains every unit, as FULL
+
+    def describe(self) -> str:
+        return f"layer-suffix (depth {self.depth})"
+
+    def trains(self, layout: Layout, name: str) -> bool:
+        return layout.units.of_param[name] >= self.depth
+
+    def holds_buffer(self, layout: Layout, name: str) -> bool:
+        u = layout.units
+        return u.of_buffer.get(name, u.count) >= self.depth
+
+    def cost(self, layout: Layout, samples: int) -> TaskCost:
+        """Forward of every unit, backward of units depth..L (or of the full step, when the
+        executor trains it: ``Layout.charge_full_step``), upload of units depth..L."""
+        u = layout.units
+        bwd = samples * u.suffix_bwd(1 if layout.charge_full_step else self.depth)
+        return TaskCost(
+            flops=samples * u.fwd_flops + bwd,
+            bytes_down=layout.model_bytes,
+            bytes_up=u.suffix_bytes(self.depth),
+        )
+
+
+@dataclass(frozen=True)
+class Width(WorkShape):
+    """HeteroFL's width-``rate`` submodel (:func:`width_shapes`)."""
+
+    rate: float
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.rate <= 1.0:
+            raise ValueError(f"a submodel's width rate lies in (0, 1], got {self.rate}")
+
+    def describe(self) -> str:
+        return f"width-{self.rate:g} submodel"
+
+    def trains(self, layout: Layout, name: str) -> bool:
+        return True
+
+    def holds_buffer(self, layout: Layout, name: str) -> bool:
+        return False  # HeteroFL refuses models with buffers; the base's are kept
+
+    def coverage(self, layout: Layout, name: str, like: torch.Tensor) -> torch.Tensor | bool:
+        return prefix_mask(tuple(like.shape), layout.width_keep(self.rate)[name], like.device)
+
+    def cost(self, layout: Layout, samples: int) -> TaskCost:
+        """r² of the full task: hidden×hidden layers shrink by r² (documented approximation)."""
+        u = layout.units
+        scale = self.rate**2
+        return TaskCost(
+            flops=scale * samples * (u.fwd_flops + sum(u.bwd_flops)),
+            bytes_down=int(scale * layout.model_bytes),
+            bytes_up=int(scale * layout.model_bytes),
+        )
