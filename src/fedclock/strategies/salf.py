@@ -32,13 +32,9 @@ from fedclock.models.shapes import (
     Units,
     Width,
     build_units,
-    prefix_mask,
-    width_shapes,
 )
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task, TaskPlan
-
-__all__ = ["Units", "build_units", "prefix_mask", "width_shapes"]  # re-exported (tests, docs)
 
 log = logging.getLogger(__name__)
 
