@@ -51,7 +51,6 @@ def child(
 ) -> dict[str, float]:
     """One configuration, in this process."""
     from benchmarks.async_fedbuff import fedbuff
-    from fedclock.config import TrainConfig
     from fedclock.devices.population import Population
     from fedclock.models import build_model, layer_view, param_bytes
     from fedclock.sim.simulator import Budget, Simulator
@@ -59,6 +58,7 @@ def child(
     from fedclock.train.evaluate import Evaluator
     from fedclock.train.executor import ClientData, snapshot
     from fedclock.train.factory import make_executor
+    from fedclock.train.local import LocalTraining, Needs
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(POOL, 1, 28, 28, generator=g)
@@ -81,8 +81,7 @@ def child(
     strategy = fedbuff(
         planner, clients=population, buffer_size=buffer_size, concurrency=concurrency
     )
-    train = TrainConfig(local_epochs=1.0, batch_size=16, lr=0.05)
-    executor = make_executor("auto", model, data, seed=0, train=train, device="cpu")
+    executor = make_executor(Needs(), model, data, seed=0, local=LocalTraining(lr=0.05))
     evaluator = Evaluator(
         build_model("logreg", input_shape=(1, 28, 28), num_classes=10, seed=0), x[:2000], y[:2000]
     )

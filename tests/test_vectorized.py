@@ -17,11 +17,12 @@ from fedclock.config import load_config
 from fedclock.devices.cost import TaskCost, TaskTiming
 from fedclock.experiment import run_experiment
 from fedclock.models import build_model
-from fedclock.models.shapes import WorkShape
+from fedclock.models.shapes import Full, Suffix, WorkShape
 from fedclock.sim.types import Contribution, ModelVersion, Task
 from fedclock.strategies import local_sgd_plan
 from fedclock.train.executor import ClientData, SerialExecutor, snapshot
 from fedclock.train.factory import make_executor
+from fedclock.train.local import LocalTraining, Needs
 from fedclock.train.vectorized import (
     VectorizedExecutor,
     auto_max_batch_clients,
@@ -277,28 +278,34 @@ def test_model_fallbacks_and_batchnorm_gets_a_vectorized_executor(
     for arch in ("mlp", "cnn", "logreg"):
         shape = (1, 8, 8)
         assert unsupported_model_reason(build_model(arch, input_shape=shape, num_classes=3)) is None
-    train = load_config().train
+    local, full = LocalTraining(lr=0.1), Needs()
+
+    def make(kind: str, model: nn.Module, shape: tuple[int, ...], **kw: Any) -> Any:
+        return make_executor(full, model, _data([8], shape), seed=0, local=local, kind=kind, **kw)
+
     with caplog.at_level(logging.INFO, logger="fedclock"):
-        ex = make_executor(
-            "auto", _WithBatchNorm(), _data([8], (6,)), seed=0, train=train, device="cpu"
-        )
-        assert isinstance(ex, VectorizedExecutor)
-        fallback = make_executor(
-            "auto", other_buffer, _data([8], (2,)), seed=0, train=train, device="cpu"
-        )
+        assert isinstance(make("auto", _WithBatchNorm(), (6,)), VectorizedExecutor)
+        fallback = make("auto", other_buffer, (2,))
     assert isinstance(fallback, SerialExecutor)
     assert sum("buffers" in r.getMessage() for r in caplog.records) == 1
-    vec = make_executor("auto", nn.Sequential(nn.Flatten(), nn.Linear(6, 10)), _data([8], (6,)),
-                        seed=0, train=train, device="cpu", max_batch_clients=4)  # fmt: skip
+    vec = make("auto", nn.Sequential(nn.Flatten(), nn.Linear(6, 10)), (6,), max_batch_clients=4)
     assert isinstance(vec, VectorizedExecutor) and vec.max_batch_clients == 4
-    assert isinstance(
-        make_executor(
-            "serial", _WithBatchNorm(), _data([8], (6,)), seed=0, train=train, device="cpu"
-        ),
-        SerialExecutor,
-    )
+    assert isinstance(make("serial", _WithBatchNorm(), (6,)), SerialExecutor)
     with pytest.raises(ValueError, match="allowed"):
-        make_executor("ray", _WithBatchNorm(), _data([8], (6,)), seed=0, train=train, device="cpu")
+        make("ray", _WithBatchNorm(), (6,))
+    # partial work goes to the partial-work executor, which needs the model's layout
+    with pytest.raises(ValueError, match="layout"):
+        make_executor(Needs(shapes=frozenset({Full, Suffix})), _WithBatchNorm(), _data([8], (6,)),
+                      seed=0, local=local)  # fmt: skip
+
+    # a shape no executor knows is refused when the executor is built
+    @dataclass(frozen=True)
+    class Later(WorkShape):
+        pass
+
+    with pytest.raises(ValueError, match="Later"):
+        make_executor(Needs(shapes=frozenset({Later})), _WithBatchNorm(), _data([8], (6,)),
+                      seed=0, local=local)  # fmt: skip
 
 
 # ------------------------------------------------------------------ BatchNorm
@@ -608,3 +615,34 @@ def test_delta_views_give_the_same_contributions(mixed_versions: bool) -> None:
     fresh = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[8], seed=2)
     for k, p in fresh.named_parameters():  # the base snapshot is never written in place
         assert torch.equal(v0.params[k], p.detach())
+
+
+class _TwiceCE:
+    """2 × cross-entropy: with plain SGD, the same steps as cross-entropy at twice the lr."""
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return 2.0 * torch.nn.functional.cross_entropy(output, target)
+
+    def per_sample(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return 2.0 * torch.nn.functional.cross_entropy(output, target, reduction="none")
+
+
+@pytest.mark.parametrize("kind", ["serial", "vectorized"])
+def test_the_loss_is_pluggable(kind: str) -> None:
+    sizes = [10, 12, 9]  # 9 and 10 are not multiples of 4: padded rows use per_sample
+    data = _data(sizes, (6,))
+    m = build_model("logreg", input_shape=(6,), num_classes=10, seed=0).double()
+    data = ClientData(data.x.double(), data.y, data.indices)
+    tasks = _tasks(snapshot(m, 0), sizes, 4, epochs=1.0)
+
+    def run(local: LocalTraining) -> list[Contribution]:
+        return make_executor(Needs(), m, data, seed=0, local=local, kind=kind).run(tasks)
+
+    twice = run(LocalTraining(lr=0.05, loss=_TwiceCE()))
+    plain = run(LocalTraining(lr=0.1))
+    eps = torch.finfo(torch.float64).eps
+    for a, b in zip(plain, twice, strict=True):
+        for k in a.delta:
+            torch.testing.assert_close(a.delta[k], b.delta[k], atol=1e3 * eps, rtol=1e3 * eps)
+        assert b.train_loss == pytest.approx(2 * a.train_loss, rel=1e3 * eps)
+    assert any(d.abs().sum() > 0 for d in plain[0].delta.values())

@@ -27,10 +27,11 @@ from fedclock.metrics.recorder import CLIENT_LOSS_COLUMNS, RunRecorder, summariz
 from fedclock.models import build_model, layer_view, param_bytes
 from fedclock.rng import torch_seed
 from fedclock.sim.simulator import Budget, Simulator
-from fedclock.strategies import BuildInfo, Strategy, SyncRounds, build_strategy, fedavg_weights
+from fedclock.strategies import BuildInfo, Strategy, build_strategy, fedavg_weights
 from fedclock.train.evaluate import ClientLossEvaluator, Evaluator
 from fedclock.train.executor import ClientData, snapshot
 from fedclock.train.factory import make_executor, resolve_device
+from fedclock.train.local import LocalTraining
 
 
 @dataclass
@@ -53,7 +54,7 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
 
 def check_deadline(strategy: Strategy, population: Population, cfg: ExperimentConfig) -> None:
     """An impossible deadline fails before any compute: no client could ever deliver."""
-    t_max = getattr(strategy.trigger, "t_max", None)  # only deadline triggers have one
+    t_max = strategy.needs.deadline  # the deadline the strategy declares
     if t_max is None:
         return
     best = math.inf
@@ -173,22 +174,13 @@ def run_experiment(
     device = resolve_device(cfg.executor.device)
     model.to(device)  # before the snapshot: every model version lives on the executor's device
     initial = snapshot(model, 0)
-    executor: Any = make_executor(
-        cfg.executor.kind, model, data, seed=cfg.seed, train=cfg.train,
-        device=cfg.executor.device, max_batch_clients=cfg.executor.max_batch_clients,
-        delta_views=isinstance(strategy.trigger, SyncRounds),
+    t = cfg.train
+    executor = make_executor(
+        strategy.needs, model, data, seed=cfg.seed,
+        local=LocalTraining(lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay),
+        kind=cfg.executor.kind, device=cfg.executor.device,
+        max_batch_clients=cfg.executor.max_batch_clients,
     )  # fmt: skip
-    if hasattr(strategy.planner, "s"):  # SALF family: layer-suffix and width-sliced tasks
-        from fedclock.train.partial import PartialExecutor
-
-        executor = PartialExecutor(
-            model, data, seed=cfg.seed, lr=cfg.train.lr, momentum=cfg.train.momentum,
-            weight_decay=cfg.train.weight_decay, device=device, mode=cfg.salf.mode,
-            units=strategy.planner.s.units,
-            persistent_momentum=cfg.salf.mode == "reference",
-            vectorize=cfg.executor.kind != "serial",
-            max_batch_clients=cfg.executor.max_batch_clients,
-        )  # fmt: skip
     evaluator: Any = Evaluator(
         new_model(), ds.x_test, ds.y_test, batch_size=cfg.eval.batch_size, device=device
     )

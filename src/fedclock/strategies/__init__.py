@@ -21,6 +21,7 @@ from fedclock.strategies.base import BuildInfo, Strategy
 from fedclock.strategies.planners import LocalSGDPlanner, local_sgd_plan
 from fedclock.strategies.salf import build_salf_family
 from fedclock.strategies.triggers import SyncRounds, select_clients
+from fedclock.train.local import Needs
 
 if TYPE_CHECKING:
     from fedclock.config import ExperimentConfig
@@ -66,6 +67,7 @@ def _fedavg(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         planner=_local_sgd(cfg, info),
         trigger=SyncRounds(client_fraction=s.client_fraction),
         aggregator=RecordingFedAvgAggregator(weights=s.weights, server_lr=s.server_lr),
+        needs=Needs(synchronous=True),
     )
 
 
@@ -83,6 +85,7 @@ def _drop_stragglers(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         planner=_local_sgd(cfg, info),
         trigger=SyncRounds(client_fraction=s.client_fraction, t_max=s.t_max),
         aggregator=RecordingFedAvgAggregator(weights=s.weights, server_lr=s.server_lr),
+        needs=Needs(synchronous=True, deadline=s.t_max),
     )
 
 

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -18,6 +18,7 @@ from fedclock.devices.cost import TaskCost
 from fedclock.devices.population import Population
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, TaskPlan
+from fedclock.train.local import Needs
 
 
 class Planner(Protocol):
@@ -44,6 +45,9 @@ class Strategy:
     planner: Planner
     trigger: Trigger
     aggregator: Aggregator
+    # what the strategy asks of the executor (work shapes, per-client momentum, deadline):
+    # run_experiment builds the executor from it and never inspects the parts
+    needs: Needs = field(default_factory=Needs)
 
     def __post_init__(self) -> None:
         # the simulator calls these once per event: bind the parts' methods directly

@@ -35,6 +35,7 @@ from fedclock.models.shapes import (
 )
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task, TaskPlan
+from fedclock.train.local import Needs
 
 log = logging.getLogger(__name__)
 
@@ -557,4 +558,9 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
         p = p_values(setup, sc.p_rule, population)
         log.debug("%s p_l (p_rule %s, scenario %s): %s", method, sc.p_rule, sc.scenario, p)
         aggregator = SalfAggregator(mode=sc.mode, units=units, num_users=len(sizes), p_values=p)
-    return Strategy(name=method, planner=rounds, trigger=rounds, aggregator=aggregator)
+    needs = Needs(
+        shapes=frozenset({type(FULL), Suffix, Width}),  # what StragglerRounds may dispatch
+        layout=setup.layout, suffix_trains_fully=sc.mode == "reference",
+        momentum_per_client=sc.mode == "reference",
+    )  # fmt: skip
+    return Strategy(name=method, planner=rounds, trigger=rounds, aggregator=aggregator, needs=needs)

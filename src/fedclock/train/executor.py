@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fedclock.models.shapes import FULL, refuse
 from fedclock.rng import counter_key, counter_keys, splitmix64_array
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task
+from fedclock.train.local import CrossEntropy, Loss
 
 _GAMMA_U64 = np.uint64(0x9E3779B97F4A7C15)
 
@@ -186,6 +186,7 @@ class SerialExecutor:
         momentum: float = 0.0,
         weight_decay: float = 0.0,
         device: torch.device | str = "cpu",
+        loss: Loss | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -194,6 +195,7 @@ class SerialExecutor:
         self.lr = lr
         self.momentum = momentum
         self.weight_decay = weight_decay
+        self.loss: Loss = loss if loss is not None else CrossEntropy()
         self._x = data.x.to(self.device)
         self._y = data.y.to(self.device)
 
@@ -214,7 +216,7 @@ class SerialExecutor:
         steps = batch_schedule(self.seed, task, len(idx))
         for local in steps:
             rows = idx[local].to(self.device)
-            loss = F.cross_entropy(model(self._x[rows]), self._y[rows])
+            loss = self.loss(model(self._x[rows]), self._y[rows])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -1,15 +1,25 @@
-"""Building the executor a run needs (kept apart from the executors themselves, so that
-``executor`` and ``vectorized`` do not import each other)."""
+"""Building the executor a run needs from what its strategy declares (:class:`Needs`) and the
+local training (:class:`LocalTraining`) — kept apart from the executors themselves, so that
+``executor`` and ``vectorized`` do not import each other, and so that ``run_experiment``
+never inspects a strategy."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from torch import nn
 
+from fedclock.models.shapes import FULL, Suffix, Width
 from fedclock.train.executor import ClientData, SerialExecutor
-from fedclock.train.vectorized import VectorizedExecutor, make_vectorized_or_serial
+from fedclock.train.local import LocalTraining, Needs
+from fedclock.train.partial import PartialExecutor
+from fedclock.train.vectorized import VectorizedExecutor, unsupported_model_reason
+
+log = logging.getLogger(__name__)
+
+KINDS = ("auto", "serial", "vectorized")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -24,31 +34,71 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_executor(
-    kind: str,
+def make_vectorized_or_serial(
     model: nn.Module,
     data: ClientData,
     *,
     seed: int,
-    train,
-    device: str,
+    local: LocalTraining,
+    device: torch.device,
     max_batch_clients: int | None = None,
     delta_views: bool = False,
-) -> SerialExecutor | VectorizedExecutor:
-    """Build the executor named in the config.
-
-    ``serial``: one task after another. ``vectorized`` and ``auto`` (the
-    default): :class:`~fedclock.train.vectorized.VectorizedExecutor`, which
-    runs tasks serially (logged once) where it cannot batch them.
-    """
+) -> VectorizedExecutor | SerialExecutor:
+    """A :class:`VectorizedExecutor` if the model allows it, else a serial one (logged once)."""
+    reason = unsupported_model_reason(model)
     kwargs: dict[str, Any] = dict(
-        seed=seed, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay,
-        device=resolve_device(device),
+        seed=seed, lr=local.lr, momentum=local.momentum, weight_decay=local.weight_decay,
+        device=device, loss=local.loss,
     )  # fmt: skip
-    if kind == "serial":
+    if reason is not None:
+        log.info("vectorized executor unavailable (%s); using the serial executor", reason)
         return SerialExecutor(model, data, **kwargs)
-    if kind in ("auto", "vectorized"):
+    return VectorizedExecutor(
+        model, data, max_batch_clients=max_batch_clients, delta_views=delta_views, **kwargs
+    )
+
+
+def make_executor(
+    needs: Needs,
+    model: nn.Module,
+    data: ClientData,
+    *,
+    seed: int,
+    local: LocalTraining,
+    kind: str = "auto",
+    device: str = "cpu",
+    max_batch_clients: int | None = None,
+) -> SerialExecutor | VectorizedExecutor | PartialExecutor:
+    """The executor for a strategy that declares ``needs``.
+
+    Full-model work: ``serial`` runs one task after another; ``vectorized`` and ``auto`` (the
+    default) a :class:`VectorizedExecutor`, which runs serially (logged once) what it cannot
+    batch. Partial work (layer suffixes, width slices, per-client momentum): a
+    :class:`PartialExecutor`, vectorized unless ``kind`` is ``serial``.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown executor {kind!r}; allowed: {', '.join(KINDS)}")
+    dev = resolve_device(device)
+    known = {type(FULL), Suffix, Width}
+    if not needs.shapes <= known:
+        names = ", ".join(sorted(t.__name__ for t in needs.shapes - known))
+        raise ValueError(f"no executor runs the work shapes {names} yet")
+    if not needs.partial:
+        if kind == "serial":
+            return SerialExecutor(
+                model, data, seed=seed, lr=local.lr, momentum=local.momentum,
+                weight_decay=local.weight_decay, device=dev, loss=local.loss,
+            )  # fmt: skip
         return make_vectorized_or_serial(
-            model, data, max_batch_clients=max_batch_clients, delta_views=delta_views, **kwargs
-        )
-    raise ValueError(f"unknown executor {kind!r}; allowed: auto, serial, vectorized")
+            model, data, seed=seed, local=local, device=dev,
+            max_batch_clients=max_batch_clients, delta_views=needs.synchronous,
+        )  # fmt: skip
+    if needs.layout is None:
+        raise ValueError("partial work needs the model's layout (Needs.layout)")
+    return PartialExecutor(
+        model, data, seed=seed, lr=local.lr, momentum=local.momentum,
+        weight_decay=local.weight_decay, device=dev,
+        mode="reference" if needs.suffix_trains_fully else "paper",
+        units=needs.layout.units, persistent_momentum=needs.momentum_per_client,
+        vectorize=kind != "serial", max_batch_clients=max_batch_clients, loss=local.loss,
+    )  # fmt: skip

@@ -35,7 +35,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
@@ -43,6 +42,7 @@ from fedclock.models.shapes import FULL, Suffix, Units, Width, refuse, width_sha
 from fedclock.rng import torch_generator
 from fedclock.sim.types import Contribution, Params, Task
 from fedclock.train.executor import ClientData, SerialExecutor, batch_schedule, load_version
+from fedclock.train.local import CrossEntropy, Loss
 from fedclock.train.vectorized import Scale
 
 
@@ -51,8 +51,10 @@ def suffix_grads(
     suffix: Sequence[str],
     x: torch.Tensor,
     y: torch.Tensor,
+    loss_fn: Loss | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Gradients of the cross-entropy loss for the named parameters only (and the loss).
+    """Gradients of the loss (cross-entropy by default) for the named parameters only (and
+    the loss).
 
     Parameters not in ``suffix`` are frozen during the forward pass, so no
     backward graph is built (or run) below the first suffix layer.
@@ -63,7 +65,7 @@ def suffix_grads(
     try:
         for n, p in params.items():
             p.requires_grad_(n in wanted)
-        loss = F.cross_entropy(model(x), y)
+        loss = (loss_fn or CrossEntropy())(model(x), y)
         names = [n for n in params if n in wanted]
         if not names:
             return {}, loss.detach()
@@ -92,10 +94,11 @@ class PartialExecutor(SerialExecutor):
         persistent_momentum: bool = False,
         vectorize: bool = False,
         max_batch_clients: int | None = None,
+        loss: Loss | None = None,
     ) -> None:
         super().__init__(
             model, data, seed=seed, lr=lr, momentum=momentum, weight_decay=weight_decay,
-            device=device,
+            device=device, loss=loss,
         )  # fmt: skip
         self.mode = mode
         self.units = units
@@ -119,6 +122,7 @@ class PartialExecutor(SerialExecutor):
                     layer_of=units.of_param, keep_last=mode == "reference",
                     momentum_store=self._momentum if persistent_momentum else None,
                     width_views=self._width_views, scaled=self._hidden, serial=self,
+                    loss=self.loss,
                 )  # fmt: skip
 
     def _width_views(self, rate: float) -> dict[str, tuple[slice, ...]]:
@@ -198,7 +202,7 @@ class PartialExecutor(SerialExecutor):
         total = 0.0
         for local in steps:
             rows = idx[local].to(self.device)
-            grads, loss = suffix_grads(model, suffix, self._x[rows], self._y[rows])
+            grads, loss = suffix_grads(model, suffix, self._x[rows], self._y[rows], self.loss)
             self._step(task.client, params, grads)
             total += float(loss)
         if not self.persistent_momentum:
@@ -236,7 +240,7 @@ class PartialExecutor(SerialExecutor):
             for local in steps:
                 rows = idx[local].to(self.device)
                 out = functional_call(model, sub, (self._x[rows],))
-                loss = F.cross_entropy(out, self._y[rows])
+                loss = self.loss(out, self._y[rows])
                 grads = torch.autograd.grad(loss, [sub[n] for n in self._names])
                 self._step(task.client, sub, dict(zip(self._names, grads, strict=True)), views)
                 total += float(loss.detach())

@@ -75,7 +75,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
@@ -88,6 +87,7 @@ from fedclock.train.executor import (
     batch_positions,
     split_batches,
 )
+from fedclock.train.local import CrossEntropy, Loss
 
 log = logging.getLogger("fedclock")
 
@@ -229,6 +229,7 @@ class VectorizedExecutor:
         scaled: Sequence[nn.Module] = (),
         serial: Any = None,
         delta_views: bool = False,
+        loss: Loss | None = None,
     ) -> None:
         if max_batch_clients is not None and max_batch_clients < 1:
             raise ValueError(
@@ -241,6 +242,7 @@ class VectorizedExecutor:
         self.lr = lr
         self.momentum = momentum
         self.weight_decay = weight_decay
+        self.loss: Loss = loss if loss is not None else CrossEntropy()
         self.max_batch_clients = max_batch_clients
         if block_bytes is None:
             block_bytes = CUDA_BLOCK_BYTES if self.device.type == "cuda" else BLOCK_BYTES
@@ -288,37 +290,37 @@ class VectorizedExecutor:
 
     # ------------------------------------------------------------ losses
     def _loss(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(functional_call(self.model, params, (x,)), y)
+        return self.loss(functional_call(self.model, params, (x,)), y)
 
     def _loss_weighted(
         self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
     ) -> torch.Tensor:
         # w = 1/count on the real rows, 0 on padding: the mean over the real rows
-        ce = F.cross_entropy(functional_call(self.model, params, (x,)), y, reduction="none")
+        ce = self.loss.per_sample(functional_call(self.model, params, (x,)), y)
         return (ce * w).sum()
 
     def _loss_bn(
         self, params: Params, buffers: Params, x: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor:
         # train mode: BatchNorm updates this client's slice of the stacked buffers in place
-        return F.cross_entropy(functional_call(self.model, {**params, **buffers}, (x,)), y)
+        return self.loss(functional_call(self.model, {**params, **buffers}, (x,)), y)
 
     def _loss_bn_weighted(
         self, params: Params, buffers: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
     ) -> torch.Tensor:
         out = functional_call(self.model, {**params, **buffers}, (x,))
-        return (F.cross_entropy(out, y, reduction="none") * w).sum()
+        return (self.loss.per_sample(out, y) * w).sum()
 
     def _loss_split(
         self, params: Params, frozen: Params, x: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor:
-        return F.cross_entropy(functional_call(self.model, {**frozen, **params}, (x,)), y)
+        return self.loss(functional_call(self.model, {**frozen, **params}, (x,)), y)
 
     def _loss_split_weighted(
         self, params: Params, frozen: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
     ) -> torch.Tensor:
         out = functional_call(self.model, {**frozen, **params}, (x,))
-        return (F.cross_entropy(out, y, reduction="none") * w).sum()
+        return (self.loss.per_sample(out, y) * w).sum()
 
     def _split_step(self, weighted: bool, frozen_shared: bool) -> Any:
         """vmap(grad) over the trainable suffix only: the frozen prefix builds no backward."""
@@ -406,7 +408,7 @@ class VectorizedExecutor:
         if self._serial is None:
             self._serial = SerialExecutor(
                 self.model, self.data, seed=self.seed, lr=self.lr, momentum=self.momentum,
-                weight_decay=self.weight_decay, device=self.device,
+                weight_decay=self.weight_decay, device=self.device, loss=self.loss,
             )  # fmt: skip
         return self._serial
 
@@ -657,31 +659,6 @@ class VectorizedExecutor:
         return out
 
 
-def make_vectorized_or_serial(
-    model: nn.Module,
-    data: ClientData,
-    *,
-    seed: int,
-    lr: float,
-    momentum: float,
-    weight_decay: float,
-    device: torch.device,
-    max_batch_clients: int | None = None,
-    delta_views: bool = False,
-) -> VectorizedExecutor | SerialExecutor:
-    """A :class:`VectorizedExecutor` if the model allows it, else a serial one (logged once)."""
-    reason = unsupported_model_reason(model)
-    kwargs: dict[str, Any] = dict(
-        seed=seed, lr=lr, momentum=momentum, weight_decay=weight_decay, device=device
-    )
-    if reason is not None:
-        log.info("vectorized executor unavailable (%s); using the serial executor", reason)
-        return SerialExecutor(model, data, **kwargs)
-    return VectorizedExecutor(
-        model, data, max_batch_clients=max_batch_clients, delta_views=delta_views, **kwargs
-    )
-
-
 __all__ = [
     "BATCHABLE_MODULES",
     "BATCHNORM_MODULES",
@@ -690,6 +667,5 @@ __all__ = [
     "VectorizedExecutor",
     "auto_max_batch_clients",
     "has_batchnorm",
-    "make_vectorized_or_serial",
     "unsupported_model_reason",
 ]

@@ -1,0 +1,76 @@
+"""What local training is, as values: :class:`LocalTraining` (the optimiser settings and the
+loss every executor uses) and :class:`Needs` (what a strategy asks of the executor).
+
+The loss receives the model's output and the targets, so a kind of work with its own
+objective (an early exit's head, a proximal term) plugs in without touching the executors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from fedclock.models.shapes import FULL, Layout, WorkShape
+
+
+class Loss(Protocol):
+    """A training loss: ``loss(output, target)`` is the batch mean; ``per_sample`` the
+    unreduced losses (the vectorized executor weights them to mask padded rows)."""
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
+
+    def per_sample(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
+
+
+class CrossEntropy:
+    """Cross-entropy on logits (every method of the four papers trains with it)."""
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output, target)
+
+    def per_sample(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output, target, reduction="none")
+
+    def __repr__(self) -> str:
+        return "CrossEntropy()"
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """One client's local SGD: torch.optim.SGD's step (dampening 0, no Nesterov)."""
+
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    # momentum buffers kept per client across its tasks (SALF's reference mode, the
+    # authors' one optimizer per user); otherwise every task starts from zero momentum
+    momentum_per_client: bool = False
+    loss: Loss = field(default_factory=CrossEntropy)
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a strategy asks of the executor; ``make_executor`` picks one that can do it.
+
+    ``shapes``: the work shapes its planner dispatches; ``layout``: the model as those
+    shapes see it (needed by any shape but ``FULL``); ``suffix_trains_fully``: a layer-suffix
+    task trains every unit and sends units d..L (SALF's reference mode, the authors' code)
+    instead of backpropagating to d only; ``synchronous``: every update of an executor
+    batch is aggregated in the same round (contributions may share the block's memory);
+    ``deadline``: the t_max no client may be unable to meet (checked before the run).
+    """
+
+    shapes: frozenset[type[WorkShape]] = frozenset({type(FULL)})
+    layout: Layout | None = None
+    suffix_trains_fully: bool = False
+    momentum_per_client: bool = False
+    synchronous: bool = False
+    deadline: float | None = None
+
+    @property
+    def partial(self) -> bool:
+        """Whether any task is not the full model (or carries per-client momentum)."""
+        return self.shapes != {type(FULL)} or self.momentum_per_client
