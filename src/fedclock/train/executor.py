@@ -187,6 +187,7 @@ class SerialExecutor:
         weight_decay: float = 0.0,
         device: torch.device | str = "cpu",
         loss: Loss | None = None,
+        proximal_mu: float = 0.0,
     ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -196,6 +197,7 @@ class SerialExecutor:
         self.momentum = momentum
         self.weight_decay = weight_decay
         self.loss: Loss = loss if loss is not None else CrossEntropy()
+        self.proximal_mu = proximal_mu
         self._x = data.x.to(self.device)
         self._y = data.y.to(self.device)
 
@@ -219,6 +221,11 @@ class SerialExecutor:
             loss = self.loss(model(self._x[rows]), self._y[rows])
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if self.proximal_mu:  # ∇ (μ/2)‖θ − θ_base‖² = μ(θ − θ_base)
+                with torch.no_grad():
+                    for name, p in model.named_parameters():
+                        if p.grad is not None:
+                            p.grad.add_(p - task.base.params[name], alpha=self.proximal_mu)
             opt.step()
             total += float(loss.detach())
         delta: Params = {

@@ -48,7 +48,7 @@ def make_vectorized_or_serial(
     reason = unsupported_model_reason(model)
     kwargs: dict[str, Any] = dict(
         seed=seed, lr=local.lr, momentum=local.momentum, weight_decay=local.weight_decay,
-        device=device, loss=local.loss,
+        device=device, loss=local.loss, proximal_mu=local.proximal_mu,
     )  # fmt: skip
     if reason is not None:
         log.info("vectorized executor unavailable (%s); using the serial executor", reason)
@@ -88,6 +88,7 @@ def make_executor(
             return SerialExecutor(
                 model, data, seed=seed, lr=local.lr, momentum=local.momentum,
                 weight_decay=local.weight_decay, device=dev, loss=local.loss,
+                proximal_mu=local.proximal_mu,
             )  # fmt: skip
         return make_vectorized_or_serial(
             model, data, seed=seed, local=local, device=dev,
@@ -101,4 +102,5 @@ def make_executor(
         mode="reference" if needs.suffix_trains_fully else "paper",
         units=needs.layout.units, persistent_momentum=needs.momentum_per_client,
         vectorize=kind != "serial", max_batch_clients=max_batch_clients, loss=local.loss,
+        proximal_mu=local.proximal_mu,
     )  # fmt: skip

@@ -40,14 +40,15 @@ class CrossEntropy:
 
 @dataclass(frozen=True)
 class LocalTraining:
-    """One client's local SGD: torch.optim.SGD's step (dampening 0, no Nesterov)."""
+    """One client's local SGD: torch.optim.SGD's step (dampening 0, no Nesterov) on the
+    loss's gradient plus the proximal term's. ``train_loss`` reports the loss alone."""
 
     lr: float
     momentum: float = 0.0
     weight_decay: float = 0.0
-    # momentum buffers kept per client across its tasks (SALF's reference mode, the
-    # authors' one optimizer per user); otherwise every task starts from zero momentum
-    momentum_per_client: bool = False
+    # FedProx's proximal term (μ/2)·‖θ − θ_base‖² (Li et al. eq. 2; Fed-RAA's ρ): its gradient
+    # μ·(θ − θ_base) is added to each step's gradient; 0 = plain local SGD
+    proximal_mu: float = 0.0
     loss: Loss = field(default_factory=CrossEntropy)
 
 

@@ -95,10 +95,11 @@ class PartialExecutor(SerialExecutor):
         vectorize: bool = False,
         max_batch_clients: int | None = None,
         loss: Loss | None = None,
+        proximal_mu: float = 0.0,
     ) -> None:
         super().__init__(
             model, data, seed=seed, lr=lr, momentum=momentum, weight_decay=weight_decay,
-            device=device, loss=loss,
+            device=device, loss=loss, proximal_mu=proximal_mu,
         )  # fmt: skip
         self.mode = mode
         self.units = units
@@ -122,7 +123,7 @@ class PartialExecutor(SerialExecutor):
                     layer_of=units.of_param, keep_last=mode == "reference",
                     momentum_store=self._momentum if persistent_momentum else None,
                     width_views=self._width_views, scaled=self._hidden, serial=self,
-                    loss=self.loss,
+                    loss=self.loss, proximal_mu=proximal_mu,
                 )  # fmt: skip
 
     def _width_views(self, rate: float) -> dict[str, tuple[slice, ...]]:
@@ -149,6 +150,7 @@ class PartialExecutor(SerialExecutor):
         params: Mapping[str, torch.Tensor],
         grads: dict[str, torch.Tensor],
         views: dict[str, tuple[slice, ...]] | None = None,
+        base: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         # per client: kept across rounds (reference mode) or reset at each task's start and end
         bufs = self._momentum.setdefault(client, {})
@@ -157,6 +159,9 @@ class PartialExecutor(SerialExecutor):
                 p = params[n]
                 if self.weight_decay:
                     g = g + self.weight_decay * p
+                if self.proximal_mu and base is not None:  # μ(θ − θ_base): FedProx's term
+                    b0 = base[n][views[n]] if views is not None else base[n]
+                    g = g + self.proximal_mu * (p - b0.to(p.device))
                 if self.momentum:
                     full = bufs.get(n)
                     sl = views[n] if views is not None else None
@@ -203,7 +208,7 @@ class PartialExecutor(SerialExecutor):
         for local in steps:
             rows = idx[local].to(self.device)
             grads, loss = suffix_grads(model, suffix, self._x[rows], self._y[rows], self.loss)
-            self._step(task.client, params, grads)
+            self._step(task.client, params, grads, base=task.base.params)
             total += float(loss)
         if not self.persistent_momentum:
             self._momentum.pop(task.client, None)
@@ -242,7 +247,10 @@ class PartialExecutor(SerialExecutor):
                 out = functional_call(model, sub, (self._x[rows],))
                 loss = self.loss(out, self._y[rows])
                 grads = torch.autograd.grad(loss, [sub[n] for n in self._names])
-                self._step(task.client, sub, dict(zip(self._names, grads, strict=True)), views)
+                self._step(
+                    task.client, sub, dict(zip(self._names, grads, strict=True)), views,
+                    base=task.base.params,
+                )  # fmt: skip
                 total += float(loss.detach())
         finally:
             for h in hooks:

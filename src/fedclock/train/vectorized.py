@@ -230,6 +230,7 @@ class VectorizedExecutor:
         serial: Any = None,
         delta_views: bool = False,
         loss: Loss | None = None,
+        proximal_mu: float = 0.0,
     ) -> None:
         if max_batch_clients is not None and max_batch_clients < 1:
             raise ValueError(
@@ -243,6 +244,7 @@ class VectorizedExecutor:
         self.momentum = momentum
         self.weight_decay = weight_decay
         self.loss: Loss = loss if loss is not None else CrossEntropy()
+        self.proximal_mu = proximal_mu
         self.max_batch_clients = max_batch_clients
         if block_bytes is None:
             block_bytes = CUDA_BLOCK_BYTES if self.device.type == "cuda" else BLOCK_BYTES
@@ -409,6 +411,7 @@ class VectorizedExecutor:
             self._serial = SerialExecutor(
                 self.model, self.data, seed=self.seed, lr=self.lr, momentum=self.momentum,
                 weight_decay=self.weight_decay, device=self.device, loss=self.loss,
+                proximal_mu=self.proximal_mu,
             )  # fmt: skip
         return self._serial
 
@@ -538,6 +541,7 @@ class VectorizedExecutor:
             self._train_steps(
                 n_steps, active, rows, params, names, fixed, frozen, shared, partial,
                 weights if any(partial) else None, bufs, loss_sum, n_clients, stats,
+                base_params,
             )  # fmt: skip
         finally:
             for h in hooks:
@@ -550,8 +554,9 @@ class VectorizedExecutor:
         names: list[str], fixed: list[str], frozen: Params, shared: bool, partial: list[bool],
         weights: torch.Tensor | None, bufs: list[torch.Tensor], loss_sum: torch.Tensor,
         n_clients: int, stats: Params | None = None,
+        base_params: list[torch.Tensor] | None = None,
     ) -> None:  # fmt: skip
-        lr, mu, wd = self.lr, self.momentum, self.weight_decay
+        lr, mu, wd, prox = self.lr, self.momentum, self.weight_decay, self.proximal_mu
         for s in range(n_steps):
             k = active[s]
             r = rows[:k, s]
@@ -577,6 +582,9 @@ class VectorizedExecutor:
             with torch.no_grad():
                 if wd:
                     g = list(torch._foreach_add(g, p_k, alpha=wd))
+                if prox and base_params is not None:  # μ(θ − θ_base): FedProx's term
+                    b0 = [b if shared or k == n_clients else b[:k] for b in base_params]
+                    g = [gi + prox * (p - b) for gi, p, b in zip(g, p_k, b0, strict=True)]
                 if mu:
                     b_k = bufs if k == n_clients else [m[:k] for m in bufs]
                     torch._foreach_mul_(b_k, mu)
