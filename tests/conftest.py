@@ -1,13 +1,61 @@
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedclock.config import ExperimentConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
+
+# ------------------------------------------------------------------ equivalence in float64
+# Equivalence tests compare two computations of the same numbers that round differently:
+# the vectorized executor's batched (vmap) kernels against one client at a time, the GPU
+# against the CPU, a layer-suffix backward pass against the full one. Their differences
+# start at one rounding error and grow through every SGD step; in float32 they reach 1e-4
+# on a BatchNorm VGG after a few steps, and how far they grow depends on the CPU's kernels
+# and thread count. So these tests run in float64 (`float64_default`, fixture `float64`),
+# where the same growth stays below 1e-14 (measured: 5e-15 at most, with 1 or 2 threads).
+# EQUIV_TOL = 1e6 float64 epsilons ≈ 2.2e-10, used as atol and rtol: 4e4 times that growth,
+# and still far below a real difference (one SGD step on another batch, rate or weight moves
+# a parameter by about lr·|grad|, orders of magnitude more).
+EQUIV_TOL = 1e6 * torch.finfo(torch.float64).eps
+
+
+@contextlib.contextmanager
+def float64_default() -> Iterator[None]:
+    """torch's default dtype is float64 inside: models built and random tensors drawn
+    there are float64 (hypothesis tests use this; others the fixture ``float64``)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@pytest.fixture
+def float64(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The test runs in float64: models are built with float64 parameters and every
+    dataset ``run_experiment`` loads has float64 inputs (token ids stay int64)."""
+    import fedclock.experiment as experiment
+
+    real = experiment.load_dataset
+
+    def load_float64(*args, **kwargs):
+        ds = real(*args, **kwargs)
+        if not ds.x_train.is_floating_point():
+            return ds
+        return dataclasses.replace(ds, x_train=ds.x_train.double(), x_test=ds.x_test.double())
+
+    monkeypatch.setattr(experiment, "load_dataset", load_float64)
+    with float64_default():
+        yield
 
 
 def mnist_dir() -> Path | None:

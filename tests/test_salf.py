@@ -39,6 +39,7 @@ from fedclock.strategies.salf import (
     width_shapes,
 )
 from fedclock.train.partial import suffix_grads
+from tests.conftest import EQUIV_TOL
 
 
 # ------------------------------------------------------------------ eq. 8–10
@@ -291,6 +292,7 @@ def _mlp() -> nn.Module:
     return build_model("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=[32, 16], seed=0)
 
 
+@pytest.mark.usefixtures("float64")
 def test_suffix_grads_equal_full_backprop() -> None:
     model = _mlp()
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
@@ -301,7 +303,8 @@ def test_suffix_grads_equal_full_backprop() -> None:
         part, _ = suffix_grads(model, names, x, y)
         assert set(part) == set(names)
         for n in names:
-            assert torch.allclose(part[n], full[n], atol=1e-6)
+            assert part[n].dtype == torch.float64
+            torch.testing.assert_close(part[n], full[n], atol=EQUIV_TOL, rtol=EQUIV_TOL)
 
 
 def test_depth_task_flops_shrink() -> None:
@@ -504,13 +507,14 @@ def test_salf_family_needs_a_scenario(tmp_path) -> None:
         run_experiment(cfg, run_dir=tmp_path / "s")
 
 
+@pytest.mark.usefixtures("float64")
 def test_heterofl_full_width_equals_vanilla(tmp_path) -> None:
     a = run_experiment(_cfg(**{"strategy.name": "vanilla"}), run_dir=tmp_path / "a")
     b = run_experiment(
         _cfg(**{"strategy.name": "heterofl", "salf.heterofl_rate": 1.0}), run_dir=tmp_path / "b"
     )
     for ra, rb in zip(a.history, b.history, strict=True):
-        assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=1e-5)
+        assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=EQUIV_TOL, abs=EQUIV_TOL)
 
 
 def test_reference_drop_stragglers_drops_the_whole_fixed_set(tmp_path) -> None:
@@ -555,6 +559,7 @@ def test_asyncfl_stragglers_participate_less(tmp_path) -> None:
 # ------------------------------------------------------------------ vectorized suffix tasks
 @pytest.mark.parametrize("arch", ["mlp", "cnn"])
 @pytest.mark.parametrize("momentum", [0.0, 0.5])
+@pytest.mark.usefixtures("float64")
 def test_vectorized_suffix_tasks_equal_the_serial_partial_executor(arch, momentum) -> None:
     from dataclasses import replace
 
@@ -590,16 +595,18 @@ def test_vectorized_suffix_tasks_equal_the_serial_partial_executor(arch, momentu
 
 
 @pytest.mark.parametrize("mode", ["paper", "reference"])
+@pytest.mark.usefixtures("float64")
 def test_salf_run_vectorized_matches_serial(tmp_path, mode: str) -> None:
     base = {"strategy.name": "salf", "salf.mode": mode, "budget.aggregations": 4,
             "train.momentum": 0.5}  # fmt: skip
     a = run_experiment(_cfg(**base, **{"executor.kind": "serial"}), run_dir=tmp_path / "s")
     b = run_experiment(_cfg(**base), run_dir=tmp_path / "v")
     for ra, rb in zip(a.history, b.history, strict=True):
-        assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=1e-4, abs=1e-5)
+        assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=EQUIV_TOL, abs=EQUIV_TOL)
 
 
 @pytest.mark.parametrize("arch", ["mlp", "cnn"])
+@pytest.mark.usefixtures("float64")
 def test_vectorized_reference_tasks_equal_serial_with_persistent_momentum(arch) -> None:
     """Reference mode: full training, tensors d..L_e kept, momentum kept per client across
     tasks — three rounds, so the buffers carried from one round to the next matter."""
@@ -641,11 +648,14 @@ def test_vectorized_reference_tasks_equal_serial_with_persistent_momentum(arch) 
                 assert (units.of_param[name] >= d) == bool(delta.abs().sum() > 0)
     for client, bufs in serial._momentum.items():  # the carried buffers agree too
         for name, buf in bufs.items():
-            torch.testing.assert_close(vec._momentum[client][name], buf, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(
+                vec._momentum[client][name], buf, atol=EQUIV_TOL, rtol=EQUIV_TOL
+            )
 
 
 @pytest.mark.parametrize("arch", ["mlp", "cnn"])
 @pytest.mark.parametrize("mode", ["paper", "reference"])
+@pytest.mark.usefixtures("float64")
 def test_vectorized_heterofl_submodels_equal_serial(arch, mode) -> None:
     """Width-0.5 submodel tasks (grouped by width) and full tasks, vectorized vs serial;
     reference mode carries each client's momentum (a full-shape buffer, the submodel's slice
@@ -689,7 +699,9 @@ def test_vectorized_heterofl_submodels_equal_serial(arch, mode) -> None:
                     assert not outside.any()
     for client, bufs in serial._momentum.items():
         for name, buf in bufs.items():
-            torch.testing.assert_close(vec._momentum[client][name], buf, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(
+                vec._momentum[client][name], buf, atol=EQUIV_TOL, rtol=EQUIV_TOL
+            )
 
 
 @pytest.mark.slow
