@@ -58,17 +58,86 @@ def float64(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
 
 
-def mnist_dir() -> Path | None:
-    """The shared MNIST folder if present (../shared/data/mnist or $FEDCLOCK_DATA)."""
-    candidates = [REPO.parent / "shared" / "data" / "mnist", REPO / "shared" / "data" / "mnist"]
+# ------------------------------------------------------------------ shared data sets
+# Real MNIST and Tiny Shakespeare live outside the repository, in ../shared/data (CI provides
+# them there) or wherever $FEDCLOCK_DATA points. A test that needs one takes the fixture
+# `mnist_data` or `shakespeare_data` (or calls `require_data`): when the files are missing
+# it is skipped with a sentence naming where they were looked for, and under CI=true it
+# fails with that sentence instead, so a green CI run has exercised every such test. Skip
+# reasons are printed at the end of every run (`-rfEs` in pyproject's addopts).
+
+SHARED_ROOTS = [REPO.parent / "shared" / "data", REPO / "shared" / "data"]
+DATA_FILES = {
+    "mnist": (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    ),
+    "shakespeare": ("tinyshakespeare.txt",),
+}
+DATA_TITLES = {"mnist": "MNIST", "shakespeare": "Tiny Shakespeare"}
+
+
+def in_ci() -> bool:
+    """True when $CI says this is a CI run (CI=true, as .ci/run and CI services set it)."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def data_candidates(name: str) -> list[Path]:
+    """Where the data set ``name`` may be: $FEDCLOCK_DATA itself, its ``name/`` folder and
+    its sibling ``../name`` (FEDCLOCK_DATA may point at the mnist folder), then the shared
+    roots' ``name/`` folders."""
+    out: list[Path] = []
     env = os.environ.get("FEDCLOCK_DATA")
     if env:
-        candidates.insert(0, Path(env))
-        candidates.insert(1, Path(env) / "mnist")
-    for c in candidates:
-        if (c / "train-images-idx3-ubyte.gz").is_file():
-            return c
-    return None
+        out += [Path(env), Path(env) / name, Path(env).parent / name]
+    out += [root / name for root in SHARED_ROOTS]
+    return list(dict.fromkeys(out))
+
+
+def _has_files(folder: Path, name: str) -> bool:
+    gz = name == "mnist"  # the MNIST loader reads the IDX files plain or gzip-compressed
+    return all(
+        (folder / f).is_file() or (gz and (folder / f"{f}.gz").is_file()) for f in DATA_FILES[name]
+    )
+
+
+def find_data(name: str) -> Path | None:
+    """The first folder holding every file of the data set ``name``, or None."""
+    return next((c for c in data_candidates(name) if _has_files(c, name)), None)
+
+
+def mnist_dir() -> Path | None:
+    """The shared MNIST folder if present (../shared/data/mnist or $FEDCLOCK_DATA)."""
+    return find_data("mnist")
+
+
+def require_data(name: str) -> Path:
+    """The folder of the data set ``name`` for a test that needs it; if it is missing, skip
+    the test, or under CI=true fail it, with one sentence naming where it was looked for."""
+    found = find_data(name)
+    if found is not None:
+        return found
+    where = ", ".join(str(c) for c in data_candidates(name))
+    files = DATA_FILES[name]
+    what = files[0] if len(files) == 1 else f"{files[0]}[.gz] and the other {len(files) - 1} files"
+    reason = f"{DATA_TITLES[name]} not found: none of {where} holds {what}; set FEDCLOCK_DATA."
+    if in_ci():
+        pytest.fail(f"CI=true and this test needs shared data: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def mnist_data() -> Path:
+    """The real MNIST folder (skip, or fail under CI=true, when it is missing)."""
+    return require_data("mnist")
+
+
+@pytest.fixture
+def shakespeare_data() -> Path:
+    """The Tiny Shakespeare folder (skip, or fail under CI=true, when it is missing)."""
+    return require_data("shakespeare")
 
 
 def tiny_raw(**sections) -> dict:

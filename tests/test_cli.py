@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from fedclock.cli import app
-from tests.conftest import mnist_dir, tiny_raw
+from tests.conftest import tiny_raw
 
 runner = CliRunner()
 
@@ -322,10 +322,7 @@ def test_corrupt_idx_file_is_named(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    mnist_dir() is None, reason="MNIST not found in ../shared/data/mnist or $FEDCLOCK_DATA"
-)
-def test_mnist_fedavg_preset_reaches_95_percent(tmp_path):
+def test_mnist_fedavg_preset_reaches_95_percent(tmp_path, mnist_data):
     res = runner.invoke(
         app,
         [
@@ -333,7 +330,7 @@ def test_mnist_fedavg_preset_reaches_95_percent(tmp_path):
             "--preset",
             "mnist-fedavg",
             "--data-dir",
-            str(mnist_dir()),
+            str(mnist_data),
             "--out",
             str(tmp_path / "m"),
             "--json",
