@@ -369,6 +369,41 @@ def test_quiet_still_prints_errors(tmp_path) -> None:
     assert res.exit_code == 2 and res.stdout == "" and "Unknown preset 'nope'" in res.stderr
 
 
+# ------------------------------------------------------------------ compare.lr_grid
+
+
+def test_compare_uses_the_configs_lr_grid_unless_told_not_to(tmp_path) -> None:
+    """A config (a preset) whose train.lr diverges but whose compare.lr_grid holds a good rate
+    compares as given: the grid is the default; --no-lr-grid runs train.lr, and diverges."""
+    raw = tiny_raw(train={"local_epochs": 1, "batch_size": 8, "lr": 1.0e6},
+                   budget={"aggregations": 3}, compare={"lr_grid": [0.05, 1.0e6]})  # fmt: skip
+    cfg = str(_write(tmp_path, raw))
+    args = ["compare", cfg, "--strategies", "fedavg", "--seeds", "1"]
+    res = runner.invoke(app, [*args, "--out", str(tmp_path / "grid")])
+    assert res.exit_code == 0, res.output
+    assert "learning-rate grid from compare.lr_grid: 0.05, 1e+06" in res.stdout
+    (row,) = csv.DictReader((tmp_path / "grid" / "table.csv").open())
+    assert row["lr"] == "0.05"
+    grid = list(csv.DictReader((tmp_path / "grid" / "lr_grid.csv").open()))
+    assert [(g["lr"], g["status"]) for g in grid] == [
+        ("0.05", "completed"),
+        ("1000000.0", "diverged"),
+    ]
+    # an explicit grid, or 'preset', is used as before
+    res = runner.invoke(app, [*args, "--lr-grid", "preset", "--out", str(tmp_path / "grid"), "-q"])
+    assert res.exit_code == 0 and res.stdout == ""
+    res = runner.invoke(app, [*args, "--lr-grid", "0.02", "--out", str(tmp_path / "g2"), "-q"])
+    assert res.exit_code == 0
+    assert [r["lr"] for r in csv.DictReader((tmp_path / "g2" / "table.csv").open())] == ["0.02"]
+    # --no-lr-grid: train.lr alone, which diverges
+    res = runner.invoke(app, [*args, "--no-lr-grid", "--out", str(tmp_path / "plain"), "-q"])
+    assert res.exit_code == 3 and "Training diverged" in res.stderr
+    assert not (tmp_path / "plain" / "lr_grid.csv").exists()
+    res = runner.invoke(app, [*args, "--no-lr-grid", "--lr-grid", "0.1", "-q"])
+    assert res.exit_code == 2
+    assert res.stderr.strip() == "error: Give --lr-grid or --no-lr-grid, not both."
+
+
 def test_user_errors_are_one_sentence_without_traceback(tmp_path):
     bad = _write(tmp_path, {"strategy": {"name": "fedavg", "deadline": 3}})
     res = _cli("run", str(bad))

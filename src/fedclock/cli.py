@@ -231,10 +231,17 @@ def compare(
         str | None,
         typer.Option(
             "--lr-grid",
-            help="Comma-separated train.lr values (or 'preset' for compare.lr_grid): each "
-            "strategy is reported at the rate with the lowest final federated loss.",
+            help="Comma-separated train.lr values: each strategy is reported at the rate with "
+            "the lowest final federated loss (default: the config's compare.lr_grid; 'preset' "
+            "names it explicitly).",
         ),
     ] = None,
+    no_lr_grid: Annotated[
+        bool,
+        typer.Option(
+            "--no-lr-grid", help="Run every strategy at train.lr only, ignoring compare.lr_grid."
+        ),
+    ] = False,
     lr_tune_on: Annotated[
         str | None,
         typer.Option(
@@ -270,7 +277,19 @@ def compare(
                 raise ConfigError(
                     f"Unknown strategy '{n}' in --strategies; allowed: {', '.join(sorted(STRATEGIES))}."
                 )
-        if lr_grid is not None and lr_grid.strip() == "preset":
+        if no_lr_grid and lr_grid is not None:
+            raise ConfigError("Give --lr-grid or --no-lr-grid, not both.")
+        if no_lr_grid:
+            rates = []
+        elif lr_grid is None:  # the config's grid, as a preset ships it
+            rates = list(cfg.compare.lr_grid)
+            if rates:
+                console.print(
+                    f"learning-rate grid from compare.lr_grid: {', '.join(f'{r:g}' for r in rates)}"
+                    " (each strategy at its best rate; --no-lr-grid runs train.lr only)",
+                    highlight=False,
+                )
+        elif lr_grid.strip() == "preset":
             rates = list(cfg.compare.lr_grid)
             if not rates:
                 raise ConfigError("--lr-grid preset needs compare.lr_grid in the config.")
