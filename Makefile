@@ -23,7 +23,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-## End-to-end runs on real data (MNIST from ../shared/data or $$FEDCLOCK_DATA; skipped if absent)
+## End-to-end runs on real data (MNIST from ../shared/data or $$FEDCLOCK_DATA; skipped if absent, failed under CI=true)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 

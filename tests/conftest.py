@@ -1,26 +1,143 @@
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedclock.config import ExperimentConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
+# ------------------------------------------------------------------ equivalence in float64
+# Equivalence tests compare two computations of the same numbers that round differently:
+# the vectorized executor's batched (vmap) kernels against one client at a time, the GPU
+# against the CPU, a layer-suffix backward pass against the full one. Their differences
+# start at one rounding error and grow through every SGD step; in float32 they reach 1e-4
+# on a BatchNorm VGG after a few steps, and how far they grow depends on the CPU's kernels
+# and thread count. So these tests run in float64 (`float64_default`, fixture `float64`),
+# where the same growth stays below 1e-14 (measured: 5e-15 at most, with 1 or 2 threads).
+# EQUIV_TOL = 1e6 float64 epsilons ≈ 2.2e-10, used as atol and rtol: 4e4 times that growth,
+# and still far below a real difference (one SGD step on another batch, rate or weight moves
+# a parameter by about lr·|grad|, orders of magnitude more).
+EQUIV_TOL = 1e6 * torch.finfo(torch.float64).eps
+
+
+@contextlib.contextmanager
+def float64_default() -> Iterator[None]:
+    """torch's default dtype is float64 inside: models built and random tensors drawn
+    there are float64 (hypothesis tests use this; others the fixture ``float64``)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@pytest.fixture
+def float64(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The test runs in float64: models are built with float64 parameters and every
+    dataset ``run_experiment`` loads has float64 inputs (token ids stay int64)."""
+    import fedclock.experiment as experiment
+
+    real = experiment.load_dataset
+
+    def load_float64(*args, **kwargs):
+        ds = real(*args, **kwargs)
+        if not ds.x_train.is_floating_point():
+            return ds
+        return dataclasses.replace(ds, x_train=ds.x_train.double(), x_test=ds.x_test.double())
+
+    monkeypatch.setattr(experiment, "load_dataset", load_float64)
+    with float64_default():
+        yield
+
+
+# ------------------------------------------------------------------ shared data sets
+# Real MNIST and Tiny Shakespeare live outside the repository, in ../shared/data (CI provides
+# them there) or wherever $FEDCLOCK_DATA points. A test that needs one takes the fixture
+# `mnist_data` or `shakespeare_data` (or calls `require_data`): when the files are missing
+# it is skipped with a sentence naming where they were looked for, and under CI=true it
+# fails with that sentence instead, so a green CI run has exercised every such test. Skip
+# reasons are printed at the end of every run (`-rfEs` in pyproject's addopts).
+
+SHARED_ROOTS = [REPO.parent / "shared" / "data", REPO / "shared" / "data"]
+DATA_FILES = {
+    "mnist": (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    ),
+    "shakespeare": ("tinyshakespeare.txt",),
+}
+DATA_TITLES = {"mnist": "MNIST", "shakespeare": "Tiny Shakespeare"}
+
+
+def in_ci() -> bool:
+    """True when $CI says this is a CI run (CI=true, as .ci/run and CI services set it)."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def data_candidates(name: str) -> list[Path]:
+    """Where the data set ``name`` may be: $FEDCLOCK_DATA itself, its ``name/`` folder and
+    its sibling ``../name`` (FEDCLOCK_DATA may point at the mnist folder), then the shared
+    roots' ``name/`` folders."""
+    out: list[Path] = []
+    env = os.environ.get("FEDCLOCK_DATA")
+    if env:
+        out += [Path(env), Path(env) / name, Path(env).parent / name]
+    out += [root / name for root in SHARED_ROOTS]
+    return list(dict.fromkeys(out))
+
+
+def _has_files(folder: Path, name: str) -> bool:
+    gz = name == "mnist"  # the MNIST loader reads the IDX files plain or gzip-compressed
+    return all(
+        (folder / f).is_file() or (gz and (folder / f"{f}.gz").is_file()) for f in DATA_FILES[name]
+    )
+
+
+def find_data(name: str) -> Path | None:
+    """The first folder holding every file of the data set ``name``, or None."""
+    return next((c for c in data_candidates(name) if _has_files(c, name)), None)
+
 
 def mnist_dir() -> Path | None:
     """The shared MNIST folder if present (../shared/data/mnist or $FEDCLOCK_DATA)."""
-    candidates = [REPO.parent / "shared" / "data" / "mnist", REPO / "shared" / "data" / "mnist"]
-    env = os.environ.get("FEDCLOCK_DATA")
-    if env:
-        candidates.insert(0, Path(env))
-        candidates.insert(1, Path(env) / "mnist")
-    for c in candidates:
-        if (c / "train-images-idx3-ubyte.gz").is_file():
-            return c
-    return None
+    return find_data("mnist")
+
+
+def require_data(name: str) -> Path:
+    """The folder of the data set ``name`` for a test that needs it; if it is missing, skip
+    the test, or under CI=true fail it, with one sentence naming where it was looked for."""
+    found = find_data(name)
+    if found is not None:
+        return found
+    where = ", ".join(str(c) for c in data_candidates(name))
+    files = DATA_FILES[name]
+    what = files[0] if len(files) == 1 else f"{files[0]}[.gz] and the other {len(files) - 1} files"
+    reason = f"{DATA_TITLES[name]} not found: none of {where} holds {what}; set FEDCLOCK_DATA."
+    if in_ci():
+        pytest.fail(f"CI=true and this test needs shared data: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def mnist_data() -> Path:
+    """The real MNIST folder (skip, or fail under CI=true, when it is missing)."""
+    return require_data("mnist")
+
+
+@pytest.fixture
+def shakespeare_data() -> Path:
+    """The Tiny Shakespeare folder (skip, or fail under CI=true, when it is missing)."""
+    return require_data("shakespeare")
 
 
 def tiny_raw(**sections) -> dict:

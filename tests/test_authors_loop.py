@@ -5,22 +5,18 @@ from __future__ import annotations
 import importlib.util
 import json
 
-import pytest
-
-from tests.conftest import REPO, mnist_dir
-
-MNIST = mnist_dir()
-pytestmark = pytest.mark.skipif(MNIST is None, reason="shared MNIST not present")
+from tests.conftest import REPO, require_data
 
 
 def _loop(capsys, *argv: str) -> dict:
+    mnist = require_data("mnist")  # skip, or fail under CI=true, without the shared MNIST
     spec = importlib.util.spec_from_file_location(
         "salf_loop", REPO / "scripts" / "salf_authors_loop.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    base = ["--data-dir", str(MNIST), "--users", "4", "--rounds", "2", "--seed", "5"]
+    base = ["--data-dir", str(mnist), "--users", "4", "--rounds", "2", "--seed", "5"]
     assert module.main([*base, *argv]) == 0
     return json.loads(capsys.readouterr().out)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 import struct
 from pathlib import Path
 
@@ -299,28 +298,8 @@ def test_mnist_loader_count_mismatch(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- real MNIST
 
 
-def _real_mnist_dir() -> Path | None:
-    here = Path(__file__).resolve()
-    candidates = [here.parents[2] / "shared" / "data" / "mnist"]
-    candidates.append(here.parents[1] / "shared" / "data" / "mnist")
-    if os.environ.get("FEDCLOCK_DATA"):
-        env = Path(os.environ["FEDCLOCK_DATA"])
-        candidates += [env, env / "mnist"]
-    for c in candidates:
-        if (c / "train-images-idx3-ubyte.gz").is_file() or (
-            c / "train-images-idx3-ubyte"
-        ).is_file():
-            return c
-    return None
-
-
-REAL_MNIST = _real_mnist_dir()
-needs_mnist = pytest.mark.skipif(REAL_MNIST is None, reason="MNIST files not available")
-
-
-@needs_mnist
-def test_real_mnist_full() -> None:
-    ds = load_dataset("mnist", seed=0, data_dir=REAL_MNIST)
+def test_real_mnist_full(mnist_data: Path) -> None:
+    ds = load_dataset("mnist", seed=0, data_dir=mnist_data)
     assert ds.x_train.shape == (60000, 1, 28, 28)
     assert ds.x_test.shape == (10000, 1, 28, 28)
     hist = np.bincount(ds.y_train.numpy(), minlength=10)
@@ -331,9 +310,8 @@ def test_real_mnist_full() -> None:
     assert abs(float(ds.x_train.mean()) - (33.318 / 255 - 0.1307) / 0.3081) < 1e-3
 
 
-@needs_mnist
-def test_real_mnist_max_train() -> None:
-    ds = load_dataset("mnist", seed=0, data_dir=REAL_MNIST, max_train=1000)
+def test_real_mnist_max_train(mnist_data: Path) -> None:
+    ds = load_dataset("mnist", seed=0, data_dir=mnist_data, max_train=1000)
     assert ds.x_train.shape == (1000, 1, 28, 28) and ds.num_test == 10000
 
 

@@ -22,6 +22,7 @@ from fedclock.models import (
     rnn_flops,
     total_flops,
 )
+from tests.conftest import EQUIV_TOL
 
 DIGITS = (1, 8, 8)
 MNIST = (1, 28, 28)
@@ -187,6 +188,17 @@ def test_layer_view_mlp_784_200_200_10() -> None:
 def test_layer_view_independent_of_batch() -> None:
     model = build_model("cnn", input_shape=DIGITS, num_classes=10, seed=0)
     assert layer_view(model, DIGITS, batch=1) == layer_view(model, DIGITS, batch=5)
+
+
+@pytest.mark.parametrize("arch", ["mlp", "cnn", "vgg11"])
+def test_layer_view_of_a_float64_model(arch: str) -> None:
+    """A model converted to float64 (the equivalence tests' setting) is measured with
+    float64 inputs, not the float32 its input_dtype names, and counts the same FLOPs."""
+    shape = (3, 32, 32) if arch == "vgg11" else DIGITS
+    model = build_model(arch, input_shape=shape, num_classes=10, seed=0, vgg_width=0.125)
+    assert layer_view(model.double(), shape) == layer_view(model.float(), shape)
+    lstm = build_model("lstm", input_shape=(5,), num_classes=7, lstm_hidden=4, seed=0)
+    assert layer_view(lstm.double(), (5,)) == layer_view(lstm.float(), (5,))  # ids stay int64
 
 
 def test_layer_view_cnn_order_and_conv_flops() -> None:
@@ -392,6 +404,7 @@ def test_vgg_width_scales_channels() -> None:
 # --------------------------------------------------------------------------- LSTM
 
 
+@pytest.mark.usefixtures("float64")  # 80 recurrent steps: compared in float64 (conftest)
 def test_lstm_structure_and_equivalence_to_two_layer_nn_lstm() -> None:
     model = build_model("lstm", input_shape=TEXT, num_classes=100, seed=0)
     assert [n for n, _ in model.named_parameters()] == [
@@ -414,9 +427,10 @@ def test_lstm_structure_and_equivalence_to_two_layer_nn_lstm() -> None:
         fc.bias.copy_(sd["net.4.bias"])
         x = torch.randint(0, 100, (4, 80))
         ref = fc(lstm(emb(x))[0][:, -1])
-        torch.testing.assert_close(model(x), ref)
+        assert ref.dtype == torch.float64
+        torch.testing.assert_close(model(x), ref, atol=EQUIV_TOL, rtol=EQUIV_TOL)
         # token ids stored as floats are read as ids (layer views dry-run on zeros)
-        torch.testing.assert_close(model(x.float()), ref)
+        torch.testing.assert_close(model(x.float()), ref, atol=EQUIV_TOL, rtol=EQUIV_TOL)
 
 
 def test_lstm_functional_call_uses_the_given_parameters() -> None:

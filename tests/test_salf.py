@@ -47,6 +47,7 @@ from fedclock.strategies.salf import (
     update_sets,
 )
 from fedclock.train.partial import suffix_grads
+from tests.conftest import EQUIV_TOL
 
 
 # ------------------------------------------------------------------ eq. 8–10
@@ -311,6 +312,7 @@ def _mlp() -> nn.Module:
     return build_model("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=[32, 16], seed=0)
 
 
+@pytest.mark.usefixtures("float64")
 def test_suffix_grads_equal_full_backprop() -> None:
     model = _mlp()
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
@@ -321,7 +323,8 @@ def test_suffix_grads_equal_full_backprop() -> None:
         part, _ = suffix_grads(model, names, x, y)
         assert set(part) == set(names)
         for n in names:
-            assert torch.allclose(part[n], full[n], atol=1e-6)
+            assert part[n].dtype == torch.float64
+            torch.testing.assert_close(part[n], full[n], atol=EQUIV_TOL, rtol=EQUIV_TOL)
 
 
 def test_depth_task_flops_shrink() -> None:
@@ -524,13 +527,14 @@ def test_salf_family_needs_a_scenario(tmp_path) -> None:
         run_experiment(cfg, run_dir=tmp_path / "s")
 
 
+@pytest.mark.usefixtures("float64")
 def test_heterofl_full_width_equals_vanilla(tmp_path) -> None:
     a = run_experiment(_cfg(**{"strategy.name": "vanilla"}), run_dir=tmp_path / "a")
     b = run_experiment(
         _cfg(**{"strategy.name": "heterofl", "salf.heterofl_rate": 1.0}), run_dir=tmp_path / "b"
     )
     for ra, rb in zip(a.history, b.history, strict=True):
-        assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=1e-5)
+        assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=EQUIV_TOL, abs=EQUIV_TOL)
 
 
 @pytest.mark.parametrize("mode", ["reference", "paper"])
@@ -605,6 +609,7 @@ def _vmap_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 @pytest.mark.parametrize("arch", ["mlp", "cnn"])
 @pytest.mark.parametrize("momentum", [0.0, 0.5])
+@pytest.mark.usefixtures("float64")
 def test_vectorized_suffix_tasks_equal_the_serial_partial_executor(
     arch, momentum, monkeypatch
 ) -> None:
@@ -648,16 +653,18 @@ def test_vectorized_suffix_tasks_equal_the_serial_partial_executor(
 
 
 @pytest.mark.parametrize("mode", ["paper", "reference"])
+@pytest.mark.usefixtures("float64")
 def test_salf_run_vectorized_matches_serial(tmp_path, mode: str) -> None:
     base = {"strategy.name": "salf", "salf.mode": mode, "budget.aggregations": 4,
             "train.momentum": 0.5}  # fmt: skip
     a = run_experiment(_cfg(**base, **{"executor.kind": "serial"}), run_dir=tmp_path / "s")
     b = run_experiment(_cfg(**base), run_dir=tmp_path / "v")
     for ra, rb in zip(a.history, b.history, strict=True):
-        assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=1e-4, abs=1e-5)
+        assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=EQUIV_TOL, abs=EQUIV_TOL)
 
 
 @pytest.mark.parametrize("arch", ["mlp", "cnn"])
+@pytest.mark.usefixtures("float64")
 def test_vectorized_reference_tasks_equal_serial_with_persistent_momentum(
     arch, monkeypatch
 ) -> None:
@@ -717,6 +724,7 @@ def test_vectorized_reference_tasks_equal_serial_with_persistent_momentum(
 
 @pytest.mark.parametrize("arch", ["mlp", "cnn"])
 @pytest.mark.parametrize("mode", ["paper", "reference"])
+@pytest.mark.usefixtures("float64")
 def test_vectorized_heterofl_submodels_equal_serial(arch, mode, monkeypatch) -> None:
     """Width-0.5 submodel tasks (grouped by width) and full tasks, vectorized vs serial;
     reference mode carries each client's momentum (a full-shape buffer, the submodel's slice

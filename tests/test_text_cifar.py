@@ -28,7 +28,7 @@ from fedclock.data.shakespeare import encode, load_shakespeare, parse_roles, rol
 from fedclock.errors import ConfigError, DataError
 from fedclock.experiment import run_experiment
 from fedclock.models import build_model, layer_view
-from tests.conftest import REPO, tiny_raw
+from tests.conftest import tiny_raw
 
 
 def one_line(err: pytest.ExceptionInfo[BaseException]) -> str:
@@ -249,22 +249,9 @@ def test_natural_partition_on_shakespeare_roles(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- real file
 
 
-def shakespeare_dir() -> Path | None:
-    candidates = [REPO.parent / "shared" / "data", REPO / "shared" / "data"]
-    env = os.environ.get("FEDCLOCK_DATA")
-    if env:
-        candidates.insert(0, Path(env))
-    for c in candidates:
-        for p in (c / "tinyshakespeare.txt", c / "shakespeare" / "tinyshakespeare.txt"):
-            if p.is_file():
-                return p.parent
-    return None
-
-
-@pytest.mark.skipif(shakespeare_dir() is None, reason="Tiny Shakespeare not available")
-def test_real_tiny_shakespeare() -> None:
-    folder = shakespeare_dir()
-    text = (folder / "tinyshakespeare.txt").read_text()  # type: ignore[operator]
+def test_real_tiny_shakespeare(shakespeare_data: Path) -> None:
+    folder = shakespeare_data
+    text = (folder / "tinyshakespeare.txt").read_text()
     assert len(text) == 1_115_394 and set(text) <= set(VOCAB) and len(set(text)) == 65
     roles = parse_roles(text)
     assert len(roles) == 299

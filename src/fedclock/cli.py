@@ -40,11 +40,20 @@ DataDirOpt = Annotated[
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")
 ]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+QuietOpt = Annotated[
+    bool,
+    typer.Option(
+        "--quiet",
+        "-q",
+        help="Print nothing but errors (and the --json object): no progress bar, notes or table.",
+    ),
+]
 
 
-def _console(json_mode: bool) -> Console:
-    return Console(stderr=json_mode)
+def _console(json_mode: bool, quiet: bool) -> Console:
+    """Where progress, notes and tables go: stderr when stdout carries JSON; nowhere with -q
+    (errors are printed by another console)."""
+    return Console(stderr=json_mode, quiet=quiet)
 
 
 @contextmanager
@@ -150,7 +159,7 @@ def run(
     """Run one experiment and write its run directory."""
     from fedclock.experiment import run_experiment
 
-    console = _console(json_out)
+    console = _console(json_out, quiet)
     with _user_errors():
         cfg = _load(config, preset, set_, data_dir)
         with _progress(console, quiet) as progress:
@@ -222,10 +231,17 @@ def compare(
         str | None,
         typer.Option(
             "--lr-grid",
-            help="Comma-separated train.lr values (or 'preset' for compare.lr_grid): each "
-            "strategy is reported at the rate with the lowest final federated loss.",
+            help="Comma-separated train.lr values: each strategy is reported at the rate with "
+            "the lowest final federated loss (default: the config's compare.lr_grid; 'preset' "
+            "names it explicitly).",
         ),
     ] = None,
+    no_lr_grid: Annotated[
+        bool,
+        typer.Option(
+            "--no-lr-grid", help="Run every strategy at train.lr only, ignoring compare.lr_grid."
+        ),
+    ] = False,
     lr_tune_on: Annotated[
         str | None,
         typer.Option(
@@ -245,7 +261,7 @@ def compare(
     from fedclock.errors import ConfigError
     from fedclock.strategies import STRATEGIES
 
-    console = _console(json_out)
+    console = _console(json_out, quiet)
     with _user_errors():
         extra = list(set_ or [])
         if target_accuracy is not None:
@@ -261,7 +277,19 @@ def compare(
                 raise ConfigError(
                     f"Unknown strategy '{n}' in --strategies; allowed: {', '.join(sorted(STRATEGIES))}."
                 )
-        if lr_grid is not None and lr_grid.strip() == "preset":
+        if no_lr_grid and lr_grid is not None:
+            raise ConfigError("Give --lr-grid or --no-lr-grid, not both.")
+        if no_lr_grid:
+            rates = []
+        elif lr_grid is None:  # the config's grid, as a preset ships it
+            rates = list(cfg.compare.lr_grid)
+            if rates:
+                console.print(
+                    f"learning-rate grid from compare.lr_grid: {', '.join(f'{r:g}' for r in rates)}"
+                    " (each strategy at its best rate; --no-lr-grid runs train.lr only)",
+                    highlight=False,
+                )
+        elif lr_grid.strip() == "preset":
             rates = list(cfg.compare.lr_grid)
             if not rates:
                 raise ConfigError("--lr-grid preset needs compare.lr_grid in the config.")
@@ -365,6 +393,7 @@ def sweep(
     ] = None,
     set_: SetOpt = None,
     data_dir: DataDirOpt = None,
+    json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Strategies × values of one config field × seeds (resumable): table.csv/md, pivot.md, plot.
@@ -376,7 +405,7 @@ def sweep(
     from fedclock.strategies import STRATEGIES
     from fedclock.sweep import headline_metric, parse_over, run_sweep
 
-    console = _console(False)
+    console = _console(json_out, quiet)
     with _user_errors():
         cfg = _load(config, preset, list(set_ or []), data_dir)
         text = over or (cfg.compare.over[0] if cfg.compare.over else None)
@@ -416,6 +445,10 @@ def sweep(
         )
     table.caption = f"{out_dir}/table.csv · {out_dir}/table.md · {out_dir}/pivot.md · sweep.png"
     console.print(table)
+    if json_out:
+        from fedclock.metrics.recorder import json_safe
+
+        typer.echo(json.dumps({"out": str(out_dir), "rows": json_safe(rows)}))
     if error:
         Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(3)

@@ -24,6 +24,7 @@ al. tune η_l on *Identical* and run *Time-based* at the same rate). Every
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import math
 import os
@@ -179,6 +180,21 @@ def stale_reason(
     return _finished(run_dir, cfg, accept)[1]
 
 
+def run_cell(
+    cfg: ExperimentConfig, run_dir: Path, progress: Callable[[Any], None] | None
+) -> RunResult:
+    """``run_experiment`` for one cell of a comparison or sweep, then a full garbage collection.
+
+    A finished run leaves reference cycles (its models, tasks and contributions) that only
+    Python's full collection frees, and those passes are rare: without this a command running
+    many cells held every finished run's tensors (measured: about 200 MB more per MNIST run,
+    16 GB after a few dozen).
+    """
+    result = run_experiment(cfg, run_dir=run_dir, progress=progress)
+    gc.collect()
+    return result
+
+
 def aggregate_rows(summaries: Sequence[dict[str, Any]], keys: dict[str, Any]) -> dict[str, Any]:
     """One table row: identifying ``keys``, then <metric>_mean/_std over seeds, then n_seeds.
 
@@ -305,9 +321,7 @@ def run_compare(
                     reason = stale_reason(run_dir, ccfg, accept)
                     if reason is not None:
                         on_rerun(label, seed, reason)
-                    result = run_experiment(
-                        ccfg, run_dir=run_dir, progress=progress_factory(f"{label} seed {seed}")
-                    )
+                    result = run_cell(ccfg, run_dir, progress_factory(f"{label} seed {seed}"))
                     on_result(label, seed, result)
                     summary = result.summary
                     if summary["status"] != "completed" and not lr_grid:

@@ -26,12 +26,13 @@ from fedclock.compare import (
     parse_strategy,
     remember_entries,
     reusable,
+    run_cell,
     stale_reason,
     write_table,
 )
 from fedclock.config import ExperimentConfig, apply_overrides, validate
 from fedclock.errors import ConfigError
-from fedclock.experiment import RunResult, run_experiment
+from fedclock.experiment import RunResult
 
 
 def parse_over(text: str) -> tuple[str, list[Any]]:
@@ -128,7 +129,7 @@ def run_sweep(
                     reason = stale_reason(run_dir, ccfg)
                     if reason is not None:
                         on_rerun(cell, seed, reason)
-                    result = run_experiment(ccfg, run_dir=run_dir, progress=progress_factory(label))
+                    result = run_cell(ccfg, run_dir, progress_factory(label))
                     on_result(cell, seed, result)
                     summary = result.summary
                     if summary["status"] != "completed":

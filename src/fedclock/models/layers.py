@@ -170,8 +170,8 @@ def layer_view(
     """The model's layers, in forward order, with parameter counts and per-sample FLOPs.
 
     ``input_shape`` is one sample's shape; a batch of ``batch`` zeros (of the
-    model's ``input_dtype`` when it has one, e.g. int64 token ids, else of its
-    parameters' type) is pushed forward, ``logits.sum()`` is differentiated
+    model's ``input_dtype`` when it is not a floating type, e.g. int64 token ids,
+    else of its parameters' type, so a float64 model gets float64 zeros) is pushed forward, ``logits.sum()`` is differentiated
     with respect to the trainable parameters, and FLOPs are read per module
     (see the module docstring for the counting convention and for recurrent
     layers). Layers whose module is never called in the forward pass come
@@ -212,7 +212,7 @@ def layer_view(
     params = [p for _, p in trainable]
     ref = params[0]
     dtype = getattr(model, "input_dtype", None)
-    if not isinstance(dtype, torch.dtype):
+    if not isinstance(dtype, torch.dtype) or dtype.is_floating_point:
         dtype = ref.dtype if ref.is_floating_point() else torch.get_default_dtype()
     x = torch.zeros(batch, *input_shape, dtype=dtype, device=ref.device)
     saved_buffers = [(b, b.detach().clone()) for b in model.buffers()]
