@@ -247,13 +247,13 @@ class CoverageAggregator:
         shapes = {c.task.plan.shape for c in contributions}
         params: Params = {}
         for name, w in base.params.items():
-            full = torch.ones_like(w, dtype=torch.bool)
             cover: dict[object, torch.Tensor] = {}
-            for shape in shapes:
+            for shape in shapes:  # True / False: the whole tensor or none of it
                 got = shape.coverage(layout, name, w)
-                cover[shape] = full if got is True else got  # type: ignore[assignment]
-                if got is False:
-                    cover[shape] = torch.zeros_like(w, dtype=torch.bool)
+                cover[shape] = (
+                    got if isinstance(got, torch.Tensor)
+                    else torch.full_like(w, bool(got), dtype=torch.bool)
+                )  # fmt: skip
             masks = [cover[c.task.plan.shape] for c in contributions]
             params[name] = coverage_update(w, [c.delta[name] for c in contributions], masks)
         for c in contributions:
