@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from fedclock.config import ExperimentConfig, apply_overrides, load_config, to_yaml
@@ -106,3 +108,23 @@ def test_every_shipped_preset_validates():
 def test_unknown_preset():
     with pytest.raises(ConfigError, match="Unknown preset 'nope'; available: "):
         load_preset("nope")
+
+
+def test_moved_fields_keep_their_old_paths():
+    """salf.normalize is now data.normalize, salf.val_holdout eval.val_holdout."""
+    with pytest.warns(FutureWarning, match=r"'salf\.val_holdout' is now 'eval\.val_holdout'"):
+        cfg = load_config(raw={"salf": {"val_holdout": 30}})
+    assert cfg.eval.val_holdout == 30 and "val_holdout" not in to_yaml(cfg).split("salf:")[1]
+    # an override of the old path replaces what the file gives at the new one
+    with pytest.warns(FutureWarning, match=r"'salf\.normalize' is now 'data\.normalize'"):
+        cfg = load_config(
+            raw={"data": {"normalize": "dataset"}}, overrides=["salf.normalize=authors"]
+        )
+    assert cfg.data.normalize == "authors"
+    with pytest.raises(ConfigError, match=r"keep only 'eval\.val_holdout'\.$"):
+        load_config(raw={"salf": {"val_holdout": 3}, "eval": {"val_holdout": 4}})
+    # the defaults that earlier versions wrote in every config.yaml: moved without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cfg = load_config(raw={"salf": {"val_holdout": 0, "normalize": "dataset"}})
+    assert cfg.eval.val_holdout == 0 and cfg.data.normalize == "dataset"

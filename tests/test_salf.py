@@ -385,7 +385,7 @@ def test_vanilla_ignores_stragglers_and_salf_equals_vanilla_without_them(tmp_pat
 
 
 def test_reference_mode_holdout_reports_best_val(tmp_path) -> None:
-    cfg = _cfg(**{"strategy.name": "salf", "salf.mode": "reference", "salf.val_holdout": 300,
+    cfg = _cfg(**{"strategy.name": "salf", "salf.mode": "reference", "eval.val_holdout": 300,
                   "train.momentum": 0.5})  # fmt: skip
     res = run_experiment(cfg, run_dir=tmp_path / "r")
     assert 0.0 <= res.summary["val_best_test_accuracy"] <= 1.0
@@ -514,7 +514,7 @@ def test_sweep_runs_vanilla_once_over_fields_it_does_not_read(tmp_path) -> None:
 def test_authors_normalization_needs_mnist(tmp_path) -> None:
     from fedclock.errors import ConfigError
 
-    cfg = _cfg(**{"strategy.name": "salf", "salf.normalize": "authors"})
+    cfg = _cfg(**{"strategy.name": "salf", "data.normalize": "authors"})
     with pytest.raises(ConfigError, match="'mnist' only"):
         run_experiment(cfg, run_dir=tmp_path / "n")
 

@@ -8,11 +8,13 @@ field; the defaults below are the documented defaults.
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from fedclock.errors import ConfigError
 
@@ -56,6 +58,11 @@ class DataConfig(_Section):
     max_test: int | None = Field(None, ge=1)
     synthetic: SyntheticConfig = SyntheticConfig()
     text: TextConfig = TextConfig()
+    normalize: Literal["dataset", "authors"] = Field(
+        "dataset",
+        description="MNIST inputs: the loader's (x−0.1307)/0.3081, or the SALF authors' "
+        "(x−0.5)/0.5 (formerly salf.normalize)",
+    )
 
 
 class PartitionConfig(_Section):
@@ -225,6 +232,12 @@ class EvalConfig(_Section):
         description="also evaluate every client's training loss: federated (eq. 2), surrogate "
         "(eq. 10) and participation-weighted losses, and their spread",
     )
+    val_holdout: int = Field(
+        0,
+        ge=0,
+        description="training samples held out for validation; the summary then has the test "
+        "accuracy of the best-validation model (SALF reference: 10000; formerly salf.val_holdout)",
+    )
 
 
 class ExecutorConfig(_Section):
@@ -276,13 +289,6 @@ class SalfConfig(_Section):
     )
     p_rule: Literal["exact", "eq10", "zero"] = Field("exact", description="p_l of eq. 9")
     heterofl_rate: float = Field(0.5, gt=0, le=1, description="HeteroFL stragglers' width r")
-    val_holdout: int = Field(
-        0, ge=0, description="training samples held out for validation (reference: 10000)"
-    )
-    normalize: Literal["dataset", "authors"] = Field(
-        "dataset",
-        description="MNIST inputs: the loader's (x−0.1307)/0.3081, or the authors' (x−0.5)/0.5",
-    )
     charge: Literal["work", "suffix"] = Field(
         "work",
         description="compute charged to a depth-d task: work = what the executor runs (in "
@@ -307,6 +313,53 @@ class ExperimentConfig(_Section):
     compare: CompareConfig = CompareConfig()
     salf: SalfConfig = SalfConfig()
     output_dir: str = "runs"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_fields(cls, data: Any) -> Any:
+        return _move_deprecated(dict(data)) if isinstance(data, dict) else data
+
+
+# moved fields: old path → new path (the old one is still read, with a FutureWarning)
+MOVED: dict[str, str] = {"salf.normalize": "data.normalize", "salf.val_holdout": "eval.val_holdout"}
+
+
+def _sentence(text: str) -> PydanticCustomError:
+    """A validation error whose message is the whole sentence shown to the user."""
+    return PydanticCustomError("config_sentence", "{sentence}", {"sentence": text})
+
+
+def _moved_warning(old: str, new: str) -> None:
+    warnings.warn(
+        f"Config field '{old}' is now '{new}'; the old path still works but is deprecated.",
+        FutureWarning,
+        stacklevel=2,
+    )
+
+
+def _move_deprecated(data: dict[str, Any]) -> dict[str, Any]:
+    """``salf.normalize`` → ``data.normalize``, ``salf.val_holdout`` → ``eval.val_holdout``."""
+    salf = data.get("salf")
+    if not isinstance(salf, dict):
+        return data
+    salf = data["salf"] = dict(salf)
+    for old, new in MOVED.items():
+        field = old.split(".")[1]
+        section, key = new.split(".")
+        target = data.get(section, {})
+        if field not in salf or not isinstance(target, dict):
+            continue
+        value = salf.pop(field)
+        if key in target and target[key] != value:
+            raise _sentence(
+                f"Config field '{old}' is now '{new}', and the config gives both with "
+                f"different values ({value!r} and {target[key]!r}); keep only '{new}'."
+            )
+        data[section] = {**target, key: value}
+        owner = DataConfig if section == "data" else EvalConfig
+        if value != owner.model_fields[key].default:
+            _moved_warning(old, new)
+    return data
 
 
 # ---------------------------------------------------------------- loading
@@ -336,6 +389,8 @@ def describe_validation_error(err: ValidationError) -> str:
     errors = err.errors()
     # an unknown field explains a "missing" one that was misspelt: report it first
     e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
+    if e["type"] == "config_sentence":
+        return str(e["ctx"]["sentence"])
     loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     path = ".".join(str(p) for p in loc) or "config"
     if e["type"] == "extra_forbidden":
@@ -380,6 +435,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             raise ConfigError(
                 f"Override '{item}' has a value that is not valid YAML ({exc.__class__.__name__})."
             ) from None
+        if key in MOVED:  # the new path, so that it replaces what the file gives there
+            _moved_warning(key, MOVED[key])
+            key = MOVED[key]
         _set_path(raw, key, value)
     return raw
 

@@ -20,6 +20,7 @@ import torch
 
 from fedclock.config import ExperimentConfig, to_yaml
 from fedclock.data import SyntheticSpec, TextSpec, load_dataset, partition
+from fedclock.data.transforms import authors_normalization, holdout_split
 from fedclock.devices import Population, build_population
 from fedclock.devices.cost import TaskCost
 from fedclock.errors import ConfigError, DivergenceError
@@ -28,7 +29,7 @@ from fedclock.models import build_model, layer_view, param_bytes
 from fedclock.rng import torch_seed
 from fedclock.sim.simulator import Budget, Simulator
 from fedclock.strategies import BuildInfo, Strategy, build_strategy, fedavg_weights
-from fedclock.train.evaluate import ClientLossEvaluator, Evaluator
+from fedclock.train.evaluate import BestValidation, ClientLossEvaluator, Evaluator
 from fedclock.train.executor import ClientData, snapshot
 from fedclock.train.factory import make_executor, resolve_device
 from fedclock.train.local import LocalTraining
@@ -126,15 +127,11 @@ def run_experiment(
         max_test=cfg.data.max_test,
         text=TextSpec(**cfg.data.text.model_dump()),
     )
-    if cfg.salf.normalize == "authors":  # SALF's code normalises MNIST with mean 0.5, std 0.5
-        from fedclock.train.partial import authors_normalization
-
+    if cfg.data.normalize == "authors":  # SALF's code normalises MNIST with mean 0.5, std 0.5
         ds = authors_normalization(ds)
     val_xy = None
-    if cfg.salf.val_holdout:  # SALF reference mode: a validation split out of the training set
-        from fedclock.train.partial import holdout_split
-
-        xt, yt, xv, yv = holdout_split(ds.x_train, ds.y_train, cfg.salf.val_holdout, cfg.seed)
+    if cfg.eval.val_holdout:  # e.g. SALF reference mode: a validation split out of the training set
+        xt, yt, xv, yv = holdout_split(ds.x_train, ds.y_train, cfg.eval.val_holdout, cfg.seed)
         ds = dataclasses.replace(ds, x_train=xt, y_train=yt, groups=None)
         val_xy = (xv, yv)
     p = cfg.partition
@@ -185,8 +182,6 @@ def run_experiment(
         new_model(), ds.x_test, ds.y_test, batch_size=cfg.eval.batch_size, device=device
     )
     if val_xy is not None:
-        from fedclock.train.partial import BestValidation
-
         evaluator = BestValidation(
             evaluator,
             Evaluator(new_model(), *val_xy, batch_size=cfg.eval.batch_size, device=device),

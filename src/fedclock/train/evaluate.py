@@ -83,3 +83,24 @@ class ClientLossEvaluator:
             loss = F.cross_entropy(logits, self.y[sl], reduction="none")
             total.index_add_(0, self.owner[sl], loss.to(torch.float64))
         return (total.cpu() / self.sizes.clamp(min=1)).numpy()
+
+
+class BestValidation:
+    """An evaluator that reports test (accuracy, loss) and tracks the test accuracy of the
+    best-validation model (the authors' ``model.best.t7``, evaluated on the test set)."""
+
+    def __init__(self, test: object, val: object) -> None:
+        self.test = test
+        self.val = val
+        self.best_val = -1.0
+        self.best_val_test_accuracy = float("nan")
+        self.last_val_accuracy = float("nan")
+
+    def __call__(self, version: object) -> tuple[float, float]:
+        acc, loss = self.test(version)  # type: ignore[operator]
+        vacc, _ = self.val(version)  # type: ignore[operator]
+        self.last_val_accuracy = float(vacc)
+        if vacc > self.best_val:
+            self.best_val = float(vacc)
+            self.best_val_test_accuracy = float(acc)
+        return acc, loss

@@ -39,7 +39,6 @@ from torch import nn
 from torch.func import functional_call
 
 from fedclock.models.shapes import FULL, Suffix, Units, Width, refuse, width_shapes
-from fedclock.rng import torch_generator
 from fedclock.sim.types import Contribution, Params, Task
 from fedclock.train.executor import ClientData, SerialExecutor, batch_schedule, load_version
 from fedclock.train.local import CrossEntropy, Loss
@@ -267,57 +266,3 @@ class PartialExecutor(SerialExecutor):
             task=task, delta=delta, buffers=buffers, num_samples=len(idx),
             train_loss=total / max(1, len(steps)),
         )  # fmt: skip
-
-
-def holdout_split(
-    x: torch.Tensor, y: torch.Tensor, n_val: int, seed: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(x_train, y_train, x_val, y_val): a seeded random ``n_val`` samples held out for validation."""
-    if n_val >= len(y):
-        from fedclock.errors import ConfigError
-
-        raise ConfigError(
-            f"salf.val_holdout = {n_val} leaves no training data ({len(y)} training samples)."
-        )
-    g = torch_generator(seed, "val_holdout")
-    perm = torch.randperm(len(y), generator=g)
-    val, train = perm[:n_val], perm[n_val:]
-    return x[train], y[train], x[val], y[val]
-
-
-class BestValidation:
-    """An evaluator that reports test (accuracy, loss) and tracks the test accuracy of the
-    best-validation model (the authors' ``model.best.t7``, evaluated on the test set)."""
-
-    def __init__(self, test: object, val: object) -> None:
-        self.test = test
-        self.val = val
-        self.best_val = -1.0
-        self.best_val_test_accuracy = float("nan")
-        self.last_val_accuracy = float("nan")
-
-    def __call__(self, version: object) -> tuple[float, float]:
-        acc, loss = self.test(version)  # type: ignore[operator]
-        vacc, _ = self.val(version)  # type: ignore[operator]
-        self.last_val_accuracy = float(vacc)
-        if vacc > self.best_val:
-            self.best_val = float(vacc)
-            self.best_val_test_accuracy = float(acc)
-        return acc, loss
-
-
-def authors_normalization(ds: Any) -> Any:
-    """MNIST re-normalised as in the SALF code: (x − 0.5)/0.5 instead of (x − 0.1307)/0.3081."""
-    import dataclasses
-
-    if ds.name != "mnist":
-        from fedclock.errors import ConfigError
-
-        raise ConfigError(
-            f"salf.normalize 'authors' applies to data.name 'mnist' only (got '{ds.name}')."
-        )
-
-    def remap(x: torch.Tensor) -> torch.Tensor:
-        return ((x * 0.3081 + 0.1307) - 0.5) / 0.5
-
-    return dataclasses.replace(ds, x_train=remap(ds.x_train), x_test=remap(ds.x_test))
