@@ -156,7 +156,8 @@ def test_sweep_runs_fedavg_once_over_t_max(tmp_path):
     assert err is None and [r is not None for r in ran] == [True, False]
     assert rows[0]["final_test_loss_mean"] == rows[1]["final_test_loss_mean"]
     other = cell_config(load_config(raw=tiny_raw(budget={"aggregations": 2},
-                                                 strategy={"name": "fedavg", "t_max": 5.0})),
+                                                 strategy={"name": "fedavg", "t_max": 5.0}),
+                                    grid=True),
                         "fedavg", 1)  # fmt: skip
     direct = run_experiment(other, run_dir=tmp_path / "direct")
     assert direct.summary["final_test_loss"] == rows[1]["final_test_loss_mean"]
@@ -299,8 +300,10 @@ def _cli(*args, env=None):
 
 
 def _quiet_args(command: str, tmp_path) -> list[str]:
-    """A tiny run, comparison or sweep of the digits config."""
+    """A tiny run, comparison or sweep of the digits config (a comparison's base: fedavg,
+    and the t_max of the drop-stragglers it is compared with)."""
     cfg = str(_write(tmp_path, tiny_raw(strategy={"name": "fedavg", "t_max": 1.5},
+                                        compare={"strategies": ["fedavg", "drop-stragglers"]},
                                         budget={"aggregations": 2})))  # fmt: skip
     out = ["--out", str(tmp_path / command)]
     if command == "run":

@@ -65,7 +65,14 @@ def test_defaults_validate_and_round_trip():
 
 def test_overrides_parse_yaml_values():
     raw = apply_overrides(
-        {}, ["strategy.t_max=2.5", "model.hidden=[8, 8]", "name=x", "data.data_dir=/tmp/m"]
+        {},
+        [
+            "strategy.name=drop-stragglers",
+            "strategy.t_max=2.5",
+            "model.hidden=[8, 8]",
+            "name=x",
+            "data.data_dir=/tmp/m",
+        ],
     )
     cfg = load_config(raw=raw)
     assert cfg.strategy.t_max == 2.5 and cfg.model.hidden == [8, 8] and cfg.name == "x"

@@ -431,7 +431,7 @@ def test_deadline_rounds_last_t_max_and_every_device_redraws(tmp_path, method: s
 def test_sweep_table_and_resume(tmp_path) -> None:
     from fedclock.sweep import parse_over, run_sweep
 
-    cfg = _cfg(**{"budget.aggregations": 3})
+    cfg = _cfg(**{"strategy.name": "salf", "budget.aggregations": 3})
     path, values = parse_over("population.straggler_ratio=0.5,0.9")
     out = tmp_path / "sweep"
     rows, err = run_sweep(cfg, path, values, ["salf", "drop-stragglers"], [1], out)
@@ -467,7 +467,7 @@ def test_sweep_table_merges_earlier_commands(tmp_path) -> None:
     an earlier strategy joins at the values where all its seeds are finished."""
     from fedclock.sweep import run_sweep
 
-    cfg = _cfg(**{"budget.aggregations": 2})
+    cfg = _cfg(**{"strategy.name": "salf", "budget.aggregations": 2})
     path, out = "population.straggler_ratio", tmp_path / "sweep"
     run_sweep(cfg, path, [0.5], ["drop-stragglers"], [1], out)
     merged: list[str] = []
@@ -488,7 +488,7 @@ def test_sweep_runs_vanilla_once_over_fields_it_does_not_read(tmp_path) -> None:
     it equals a run made at another value."""
     from fedclock.sweep import reads, run_sweep
 
-    cfg = _cfg(**{"budget.aggregations": 3})
+    cfg = _cfg(**{"strategy.name": "salf", "budget.aggregations": 3})
     path, values = "population.straggler_ratio", [0.3, 0.9]
     assert not reads(cfg, "vanilla", path) and reads(cfg, "salf", path)
     assert reads(cfg, "vanilla", "train.lr")

@@ -66,7 +66,12 @@ def _user_errors() -> Iterator[None]:
 
 
 def _load(
-    config: Path | None, preset: str | None, overrides: list[str] | None, data_dir: Path | None
+    config: Path | None,
+    preset: str | None,
+    overrides: list[str] | None,
+    data_dir: Path | None,
+    *,
+    grid: bool = False,
 ):
     from fedclock.config import load_config, read_yaml
     from fedclock.errors import ConfigError
@@ -78,7 +83,7 @@ def _load(
     extra = list(overrides or [])
     if data_dir is not None:
         extra.append(f"data.data_dir={data_dir}")
-    return load_config(raw=raw, overrides=extra)
+    return load_config(raw=raw, overrides=extra, grid=grid)  # grid: a comparison's base
 
 
 class _Bar:
@@ -266,7 +271,7 @@ def compare(
         extra = list(set_ or [])
         if target_accuracy is not None:
             extra.append(f"eval.target_accuracy={target_accuracy}")
-        cfg = _load(config, preset, extra, data_dir)
+        cfg = _load(config, preset, extra, data_dir, grid=True)
         names = (
             _csv_list(strategies, str)
             or list(cfg.compare.strategies)
@@ -407,7 +412,7 @@ def sweep(
 
     console = _console(json_out, quiet)
     with _user_errors():
-        cfg = _load(config, preset, list(set_ or []), data_dir)
+        cfg = _load(config, preset, list(set_ or []), data_dir, grid=True)
         text = over or (cfg.compare.over[0] if cfg.compare.over else None)
         if text is None:
             raise ConfigError(

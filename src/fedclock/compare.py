@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedclock.config import ExperimentConfig, apply_overrides, to_yaml, validate
+from fedclock.config import ExperimentConfig, apply_overrides, cell_raw, to_yaml, validate
 from fedclock.errors import ConfigError
 from fedclock.experiment import RunResult, run_experiment
 from fedclock.metrics.plots import colour, plot_groups, read_metrics
@@ -103,10 +103,14 @@ def remember_entries(out: Path, entries: Sequence[str]) -> list[str]:
 def cell_config(
     cfg: ExperimentConfig, strategy: str, seed: int, *, lr: float | None = None
 ) -> ExperimentConfig:
-    """The config of one cell: ``strategy`` is an entry (name and optional overrides)."""
+    """The config of one cell: ``strategy`` is an entry (name and optional overrides).
+
+    The cell keeps the fields of ``cfg``'s strategy and ``salf`` sections that its own
+    strategy reads: the base config of a comparison may carry options for several
+    strategies (``t_max`` for drop-stragglers beside fedavg), each cell takes its own.
+    """
     name, overrides = parse_strategy(strategy)
-    data = cfg.model_dump()
-    data["strategy"]["name"] = name
+    data = cell_raw(cfg, name)
     for key, value in overrides.items():
         if key in ("train.local_steps", "train.local_epochs"):  # one replaces the other
             data["train"]["local_epochs" if key.endswith("steps") else "local_steps"] = None
@@ -119,7 +123,7 @@ def cell_config(
     if lr is not None:
         data["train"]["lr"] = lr
     data["seed"] = seed
-    return validate(data)
+    return validate(data, role="cell")
 
 
 def selection_loss(summaries: Sequence[dict[str, Any]]) -> tuple[str, float]:

@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from fedclock.errors import ConfigError
@@ -159,24 +168,105 @@ class TrainConfig(_Section):
         return self
 
 
-class StrategyConfig(_Section):
-    name: str = "fedavg"
-    client_fraction: float = Field(1.0, gt=0, le=1)
-    t_max: float | None = Field(None, gt=0, description="round deadline in virtual seconds")
+# ---------------------------------------------------------------- strategy options
+# One options class per strategy, each listing exactly the fields its builder reads;
+# families share a base class where the fields are genuinely shared. The ``strategy``
+# section is their union, discriminated by ``name``, so YAML stays flat
+# (``strategy: {name: fedbuff, buffer_size: 3}``). The registry
+# (``fedclock.strategies.STRATEGIES[name].options``) points at these classes: they are
+# the one record of which fields each strategy reads, for validation, for the cells of
+# a comparison and for sweeps.
+
+
+class StrategyOptions(BaseModel):
+    """What every strategy reads. A subclass adds its own fields and names the fields of
+    the ``salf`` section and the other config paths that only some strategies read."""
+
+    # extra: fields of other strategies that a comparison's base config carries for them
+    # (ExperimentConfig._strategy_fields decides when that is allowed); a run of this
+    # strategy never sees them (own_fields)
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    name: str
     weights: Literal["samples", "uniform"] = Field(
-        "samples", description="client importance p_i: ∝ data size n_i, or uniform 1/M"
+        "samples",
+        description="client importance p_i: ∝ data size n_i, or uniform 1/M (also the "
+        "federated loss's weights, so every strategy reads it)",
     )
-    server_lr: float = Field(1.0, gt=0, description="η_g of θ ← θ + η_g Σ d_i Δ_i")
-    # ---- asynchronous family (docs/methods/async.md)
-    aggregation_weights: Literal[
-        "auto", "identical", "time-based", "fedfix", "fedbuff", "participation", "sync"
-    ] = Field("auto", description="d_i of eq. 6; auto = the strategy's own rule")
-    delta_t: float | None = Field(None, gt=0, description="FedFix period Δt in virtual seconds")
-    buffer_size: int | None = Field(
-        None, ge=1, description="FedBuff: a server step every m arrivals"
+
+    #: fields of the ``salf`` section this strategy reads
+    salf_fields: ClassVar[tuple[str, ...]] = ()
+    #: config paths outside ``strategy`` and ``salf`` that only some strategies read
+    reads_elsewhere: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def paths(cls) -> frozenset[str]:
+        """Every strategy-specific config path this strategy may read."""
+        return frozenset(
+            [f"strategy.{f}" for f in cls.model_fields]
+            + [f"salf.{f}" for f in cls.salf_fields]
+            + list(cls.reads_elsewhere)
+        )
+
+    @classmethod
+    def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
+        """The paths of :meth:`paths` that the rest of ``cfg`` leaves unused."""
+        return frozenset()
+
+    @classmethod
+    def reads(cls, cfg: ExperimentConfig, path: str) -> bool:
+        """Whether a run of this strategy on ``cfg`` depends on the config field ``path``
+        (False: every value of a sweep over it gives the same run)."""
+        if path not in STRATEGY_PATHS:
+            return True  # data, model, training, population, budget, ...: every strategy
+        return path in cls.paths() and path not in cls.unread(cfg)
+
+    @classmethod
+    def option(cls, cfg: ExperimentConfig, field: str) -> Any:
+        """This strategy's ``field`` in ``cfg``: the value the strategy section gives
+        (its own, or carried for it by another strategy's section) or the default."""
+        given = cfg.strategy.model_dump()
+        return given[field] if field in given else cls.model_fields[field].default
+
+
+# ---- synchronous rounds
+class _RoundOptions(StrategyOptions):
+    """fedavg and drop-stragglers: rounds over a fraction of the clients."""
+
+    client_fraction: float = Field(
+        1.0, gt=0, le=1, description="fraction C of clients sampled per round"
     )
+    server_lr: float = Field(1.0, gt=0, description="η_g of θ ← θ + η_g Σ p_i Δ_i")
+
+
+class FedAvgOptions(_RoundOptions):
+    name: Literal["fedavg"] = "fedavg"
+
+
+class DropStragglersOptions(_RoundOptions):
+    """FedAvg under a deadline; with ``salf.scenario``, SALF's drop-stragglers baseline."""
+
+    name: Literal["drop-stragglers"] = "drop-stragglers"
+    t_max: float | None = Field(None, gt=0, description="round deadline in virtual seconds")
+
+    salf_fields = ("scenario", "mode", "charge")
+    reads_elsewhere = ("population.straggler_ratio",)
+
+    @classmethod
+    def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
+        scenario = cfg.salf.scenario
+        if scenario is None:  # FedAvg under a deadline
+            return frozenset({"salf.mode", "salf.charge", "population.straggler_ratio"})
+        # SALF's rounds: every user each round, a plain mean; depths from the scenario
+        depth_source = "strategy.t_max" if scenario == "ratio" else "population.straggler_ratio"
+        return frozenset({"strategy.client_fraction", "strategy.server_lr", depth_source})
+
+
+# ---- asynchronous (docs/methods/async.md)
+class AsyncOptions(StrategyOptions):
+    """Every asynchronous strategy: clients kept busy, staleness-aware server steps."""
+
     server_momentum: float = Field(0.0, ge=0, lt=1, description="server momentum β (0 = none)")
-    alpha: float = Field(0.6, gt=0, le=1, description="FedAsync mixing weight α")
     staleness: Literal["constant", "polynomial", "hinge"] = Field(
         "constant", description="staleness function s: FedAsync's α·s, a factor on d_i otherwise"
     )
@@ -188,21 +278,149 @@ class StrategyConfig(_Section):
     concurrency: int | None = Field(
         None,
         ge=1,
-        description="asynchronous family: at most this many clients train at once, drawn "
-        "uniformly from the idle ones (FLSim's max concurrency); null = every client",
+        description="at most this many clients train at once, drawn uniformly from the idle "
+        "ones (FLSim's max concurrency); null = every client",
+    )
+
+    @classmethod
+    def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
+        kind = cls.option(cfg, "staleness")
+        if kind == "constant":
+            return frozenset(
+                {"strategy.staleness_a", "strategy.staleness_b", "strategy.staleness_normalize_at"}
+            )
+        return frozenset({"strategy.staleness_b"}) if kind == "polynomial" else frozenset()
+
+
+class WeightedAsyncOptions(AsyncOptions):
+    """The asynchronous strategies with aggregation weights d_i (Fraboni et al. eq. 6)."""
+
+    server_lr: float = Field(1.0, gt=0, description="η_g of θ ← θ + η_g Σ d_i Δ_i")
+    aggregation_weights: Literal[
+        "auto", "identical", "time-based", "fedfix", "fedbuff", "participation", "sync"
+    ] = Field("auto", description="d_i of eq. 6; auto = the strategy's own rule")
+    delta_t: float | None = Field(None, gt=0, description="FedFix period Δt in virtual seconds")
+    buffer_size: int | None = Field(
+        None, ge=1, description="FedBuff: a server step every m arrivals"
     )
     tau_source: Literal["profile", "estimated"] = Field(
         "profile", description="update times τ_i: device profile, or estimated from arrivals"
     )
 
-    @field_validator("name")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        from fedclock.strategies import STRATEGIES
+    #: the d_i rule of aggregation_weights: auto
+    default_weights: ClassVar[str] = ""
 
-        if v not in STRATEGIES:
-            raise ValueError(f"unknown strategy '{v}'; allowed: {', '.join(sorted(STRATEGIES))}")
-        return v
+    @classmethod
+    def weight_rule(cls, aggregation_weights: str) -> str:
+        return cls.default_weights if aggregation_weights == "auto" else aggregation_weights
+
+    @classmethod
+    def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
+        kind = cls.weight_rule(cls.option(cfg, "aggregation_weights"))
+        out = set(super().unread(cfg))
+        if "fedfix" not in (cls.default_weights, kind):  # FedFix's trigger or weights
+            out.add("strategy.delta_t")
+        if "fedbuff" not in (cls.default_weights, kind):  # FedBuff's trigger or weights
+            out.add("strategy.buffer_size")
+        if kind not in ("time-based", "fedfix"):  # the rules that use τ_i
+            out.add("strategy.tau_source")
+        return frozenset(out)
+
+
+class AsyncIdenticalOptions(WeightedAsyncOptions):
+    name: Literal["async-identical"] = "async-identical"
+    default_weights = "identical"
+
+
+class AsyncTimeBasedOptions(WeightedAsyncOptions):
+    name: Literal["async-time-based"] = "async-time-based"
+    default_weights = "time-based"
+
+
+class FedFixOptions(WeightedAsyncOptions):
+    name: Literal["fedfix"] = "fedfix"
+    default_weights = "fedfix"
+
+
+class FedBuffOptions(WeightedAsyncOptions):
+    name: Literal["fedbuff"] = "fedbuff"
+    default_weights = "fedbuff"
+
+
+class FedAsyncOptions(AsyncOptions):
+    name: Literal["fedasync"] = "fedasync"
+    alpha: float = Field(0.6, gt=0, le=1, description="FedAsync mixing weight α")
+
+
+# ---- SALF and its baselines (docs/methods/salf.md); the salf section holds their settings
+class _SalfFamilyOptions(StrategyOptions):
+    salf_fields: ClassVar[tuple[str, ...]] = ("scenario", "mode", "charge")
+
+
+class VanillaOptions(_SalfFamilyOptions):
+    """Every user a full update each round: no deadline, no stragglers to depth."""
+
+    name: Literal["vanilla"] = "vanilla"
+
+
+class _SalfDepthOptions(_SalfFamilyOptions):
+    """The SALF-family methods whose stragglers come from the scenario."""
+
+    t_max: float | None = Field(
+        None, gt=0, description="round deadline in virtual seconds (salf.scenario: deadline)"
+    )
+
+    reads_elsewhere = ("population.straggler_ratio",)
+
+    @classmethod
+    def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
+        if cfg.salf.scenario == "ratio":
+            return frozenset({"strategy.t_max"})
+        if cfg.salf.scenario == "deadline":
+            return frozenset({"population.straggler_ratio"})
+        return frozenset()
+
+
+class SalfOptions(_SalfDepthOptions):
+    name: Literal["salf"] = "salf"
+    salf_fields = ("scenario", "mode", "p_rule", "charge")
+
+
+class HeteroFLOptions(_SalfDepthOptions):
+    name: Literal["heterofl"] = "heterofl"
+    salf_fields = ("scenario", "mode", "heterofl_rate", "charge")
+
+
+class AsyncFLOptions(_SalfDepthOptions):
+    name: Literal["asyncfl"] = "asyncfl"
+
+
+StrategyOptionsUnion = Annotated[
+    FedAvgOptions
+    | DropStragglersOptions
+    | AsyncIdenticalOptions
+    | AsyncTimeBasedOptions
+    | FedFixOptions
+    | FedBuffOptions
+    | FedAsyncOptions
+    | VanillaOptions
+    | SalfOptions
+    | HeteroFLOptions
+    | AsyncFLOptions,
+    Field(discriminator="name"),
+]
+
+#: strategy name → its options class, in the registry's order
+STRATEGY_OPTIONS: dict[str, type[StrategyOptions]] = {
+    cls.model_fields["name"].default: cls for cls in get_args(get_args(StrategyOptionsUnion)[0])
+}
+#: the config paths that some strategies read and others do not
+STRATEGY_PATHS: frozenset[str] = frozenset().union(*(o.paths() for o in STRATEGY_OPTIONS.values()))
+
+
+def readers_of(path: str) -> list[str]:
+    """The strategies that may read the config field ``path`` (registry order)."""
+    return [n for n, o in STRATEGY_OPTIONS.items() if path in o.paths()]
 
 
 class BudgetConfig(_Section):
@@ -277,7 +495,9 @@ class CompareConfig(_Section):
 
 
 class SalfConfig(_Section):
-    """SALF and its baselines (docs/methods/salf.md); off unless ``scenario`` is set."""
+    """Settings of SALF and its baselines (docs/methods/salf.md), read by the SALF family
+    (vanilla, salf, heterofl, asyncfl, and drop-stragglers when ``scenario`` is set): each
+    strategy's options class names the fields it reads (``salf_fields``)."""
 
     scenario: Literal["ratio", "deadline"] | None = Field(
         None,
@@ -306,7 +526,7 @@ class ExperimentConfig(_Section):
     model: ModelConfig = ModelConfig()
     population: PopulationConfig = PopulationConfig()
     train: TrainConfig = TrainConfig()
-    strategy: StrategyConfig = StrategyConfig()
+    strategy: StrategyOptionsUnion = FedAvgOptions()
     budget: BudgetConfig = BudgetConfig(aggregations=20)
     eval: EvalConfig = EvalConfig()
     executor: ExecutorConfig = ExecutorConfig()
@@ -316,9 +536,50 @@ class ExperimentConfig(_Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _moved_fields(cls, data: Any) -> Any:
-        return _move_deprecated(dict(data)) if isinstance(data, dict) else data
+    def _strategy_fields(cls, data: Any, info: ValidationInfo) -> Any:
+        """Moved fields to their new place; the strategy section split into the fields its
+        strategy reads and those it carries for the other strategies of a comparison."""
+        if not isinstance(data, dict):
+            return data
+        data = _move_deprecated(dict(data))
+        raw = data.get("strategy")
+        if isinstance(raw, dict):
+            data["strategy"] = _split_strategy(dict(raw), _role(info), _compared(data))
+        return data
 
+    @model_validator(mode="after")
+    def _salf_fields(self, info: ValidationInfo) -> ExperimentConfig:
+        """A ``salf`` field set away from its default must be one the strategy reads."""
+        role = _role(info)
+        if role == "grid":
+            return self
+        own = STRATEGY_OPTIONS[self.strategy.name]
+        compared = _entry_names(self.compare.strategies)
+        for f, field in SalfConfig.model_fields.items():
+            if f in own.salf_fields or getattr(self.salf, f) == field.default:
+                continue
+            readers = readers_of(f"salf.{f}")
+            if role == "run" and compared & set(readers):
+                continue  # a comparison's base config: kept for the strategies that read it
+            raise _sentence(_foreign(f"salf.{f}", readers, self.strategy.name))
+        return self
+
+
+# ---------------------------------------------------------------- strategy fields
+#
+# A field of another strategy's options in the strategy section (``t_max`` for fedavg):
+# - left at the default every strategy gives it: dropped (the full configs that earlier
+#   versions wrote list every field of the old flat section);
+# - in the base config of a comparison or sweep (role "grid"): carried, and each cell keeps
+#   the fields its own strategy reads (cell_raw), so a field no strategy of the grid reads
+#   changes nothing (one grid may be run by several commands, split by strategy);
+# - in a single run (role "run"): an error, unless a strategy listed in
+#   compare.strategies reads it (the config is then a comparison's base, as the demo
+#   preset: fedavg with the t_max drop-stragglers uses); the run does not see it;
+# - in a cell of a comparison (role "cell"): an error.
+# The salf section is checked the same way (after validation, against the defaults).
+
+Role = Literal["run", "grid", "cell"]
 
 # moved fields: old path → new path (the old one is still read, with a FutureWarning)
 MOVED: dict[str, str] = {"salf.normalize": "data.normalize", "salf.val_holdout": "eval.val_holdout"}
@@ -327,6 +588,67 @@ MOVED: dict[str, str] = {"salf.normalize": "data.normalize", "salf.val_holdout":
 def _sentence(text: str) -> PydanticCustomError:
     """A validation error whose message is the whole sentence shown to the user."""
     return PydanticCustomError("config_sentence", "{sentence}", {"sentence": text})
+
+
+def _role(info: ValidationInfo) -> Role:
+    role = (info.context or {}).get("role", "run")
+    assert role in ("run", "grid", "cell"), role
+    return role
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _foreign(path: str, readers: Sequence[str], name: str) -> str:
+    return f"Config field '{path}' is read by {_and(readers)}, not by {name}."
+
+
+def _entry_names(entries: Any) -> set[str]:
+    """Strategy names of compare entries (``fedfix:delta_t=0.5`` → ``fedfix``)."""
+    if not isinstance(entries, list):
+        return set()
+    return {e.split(":")[0].strip() for e in entries if isinstance(e, str)}
+
+
+def _compared(data: dict[str, Any]) -> set[str]:
+    compare = data.get("compare")
+    return _entry_names(compare.get("strategies")) if isinstance(compare, dict) else set()
+
+
+def _default(field: str) -> Any:
+    """The default of a strategy field (the same in every options class that has it)."""
+    return STRATEGY_OPTIONS[readers_of(f"strategy.{field}")[0]].model_fields[field].default
+
+
+def _split_strategy(raw: dict[str, Any], role: Role, compared: set[str]) -> dict[str, Any]:
+    name = raw.setdefault("name", "fedavg")
+    own = STRATEGY_OPTIONS.get(name) if isinstance(name, str) else None
+    if own is None:
+        return raw  # pydantic names the unknown strategy
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in own.model_fields:
+            out[key] = value
+            continue
+        readers = readers_of(f"strategy.{key}")
+        if not readers:
+            raise _sentence(
+                f"Unknown config field 'strategy.{key}'; allowed fields in strategy: "
+                f"{', '.join(own.model_fields)} (the options of {name})."
+            )
+        try:  # checked as the field of a strategy that reads it
+            reader = STRATEGY_OPTIONS[readers[0]]
+            value = getattr(reader.model_validate({"name": readers[0], key: value}), key)
+        except ValidationError as err:
+            raise _sentence(describe_validation_error(err, prefix=("strategy",))) from None
+        if value == _default(key):
+            continue
+        if role == "grid" or (role == "run" and compared & set(readers)):
+            out[key] = value
+            continue
+        raise _sentence(_foreign(f"strategy.{key}", readers, name))
+    return out
 
 
 def _moved_warning(old: str, new: str) -> None:
@@ -346,7 +668,7 @@ def _move_deprecated(data: dict[str, Any]) -> dict[str, Any]:
     for old, new in MOVED.items():
         field = old.split(".")[1]
         section, key = new.split(".")
-        target = data.get(section, {})
+        target = data.get(section) or {}
         if field not in salf or not isinstance(target, dict):
             continue
         value = salf.pop(field)
@@ -359,6 +681,29 @@ def _move_deprecated(data: dict[str, Any]) -> dict[str, Any]:
         owner = DataConfig if section == "data" else EvalConfig
         if value != owner.model_fields[key].default:
             _moved_warning(old, new)
+    return data
+
+
+def own_fields(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` as its strategy's run sees it: without the fields it carries for others."""
+    s = cfg.strategy
+    if not s.model_extra:
+        return cfg
+    own = type(s).model_validate(s.model_dump(exclude=set(s.model_extra)))
+    return cfg.model_copy(update={"strategy": own})
+
+
+def cell_raw(cfg: ExperimentConfig, name: str) -> dict[str, Any]:
+    """``cfg`` as a raw dict for a run of strategy ``name``: its strategy section and its
+    ``salf`` section keep only the fields ``name`` reads (a comparison's cell)."""
+    data = cfg.model_dump()
+    own = STRATEGY_OPTIONS.get(name)
+    if own is None:
+        data["strategy"]["name"] = name  # validation names the unknown strategy
+        return data
+    given = data["strategy"]
+    data["strategy"] = {k: given[k] for k in own.model_fields if k in given} | {"name": name}
+    data["salf"] = {k: v for k, v in data["salf"].items() if k in own.salf_fields}
     return data
 
 
@@ -384,15 +729,27 @@ def _section_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
-def describe_validation_error(err: ValidationError) -> str:
-    """One sentence for the first problem in a pydantic ValidationError."""
+def describe_validation_error(err: ValidationError, *, prefix: tuple[str, ...] = ()) -> str:
+    """One sentence for the first problem in a pydantic ValidationError (``prefix``: the
+    location of the validated section in the config)."""
     errors = err.errors()
     # an unknown field explains a "missing" one that was misspelt: report it first
     e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     if e["type"] == "config_sentence":
         return str(e["ctx"]["sentence"])
-    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    loc = prefix + tuple(
+        p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))
+    )
+    if len(loc) > 1 and loc[0] == "strategy" and loc[1] in STRATEGY_OPTIONS:
+        loc = loc[:1] + loc[2:]  # the union's tag: the strategy's options class
     path = ".".join(str(p) for p in loc) or "config"
+    if e["type"] == "union_tag_invalid" and loc == ("strategy",):
+        name = e["input"].get("name") if isinstance(e["input"], dict) else e["input"]
+        allowed = ", ".join(sorted(STRATEGY_OPTIONS))
+        return (
+            f"Invalid config field 'strategy.name': unknown strategy '{name}'; "
+            f"allowed: {allowed} (got {name!r})."
+        )
     if e["type"] == "extra_forbidden":
         parent_loc = tuple(p for p in loc[:-1] if not isinstance(p, int))
         section = _section_at(parent_loc)
@@ -442,9 +799,12 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def validate(raw: dict[str, Any]) -> ExperimentConfig:
+def validate(raw: dict[str, Any], *, role: Role = "run") -> ExperimentConfig:
+    """Validate a raw config. ``role``: ``run`` (one strategy's run), ``grid`` (the base
+    config of a comparison or sweep: it may carry fields for every strategy of the grid),
+    ``cell`` (one cell of a grid: only its strategy's fields)."""
     try:
-        return ExperimentConfig.model_validate(raw)
+        return ExperimentConfig.model_validate(raw, context={"role": role})
     except ValidationError as err:
         raise ConfigError(describe_validation_error(err)) from None
 
@@ -473,10 +833,12 @@ def load_config(
     overrides: list[str] | None = None,
     *,
     raw: dict[str, Any] | None = None,
+    grid: bool = False,
 ) -> ExperimentConfig:
-    """Load a config from YAML (or a raw dict), apply overrides, validate."""
+    """Load a config from YAML (or a raw dict), apply overrides, validate. ``grid``: the
+    config is the base of a comparison or sweep (see :func:`validate`)."""
     data = copy.deepcopy(raw) if raw is not None else (read_yaml(path) if path is not None else {})
-    return validate(apply_overrides(data, list(overrides or [])))
+    return validate(apply_overrides(data, list(overrides or [])), role="grid" if grid else "run")
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

@@ -52,7 +52,7 @@ def with_value(cfg: ExperimentConfig, path: str, value: Any) -> ExperimentConfig
     text = yaml.safe_dump(value, default_flow_style=True).strip()
     if text.endswith("..."):
         text = text[: -len("...")].strip()
-    return validate(apply_overrides(data, [f"{path}={text}"]))
+    return validate(apply_overrides(data, [f"{path}={text}"]), role="grid")
 
 
 def headline_metric(rows: Sequence[dict[str, Any]]) -> str:
@@ -63,22 +63,14 @@ def headline_metric(rows: Sequence[dict[str, Any]]) -> str:
     return "final_test_accuracy"
 
 
-# fields a strategy never reads, so its cells are identical along them: FedAvg waits for
-# every selected client (no deadline); in the SALF family, vanilla trains every user fully
-# with no deadline (the straggler ratio and t_max change nothing)
-_UNREAD_BY: dict[str, tuple[str, ...]] = {"fedavg": ("strategy.t_max",)}
-_UNREAD_BY_SALF: dict[str, tuple[str, ...]] = {
-    "vanilla": ("population.straggler_ratio", "strategy.t_max")
-}
-
-
 def reads(cfg: ExperimentConfig, strategy: str, path: str) -> bool:
-    """Whether ``strategy``'s runs depend on the config field ``path`` (False: one run per
-    seed serves every value of a sweep over it)."""
-    unread = _UNREAD_BY.get(strategy, ())
-    if cfg.salf.scenario is not None:
-        unread += _UNREAD_BY_SALF.get(strategy, ())
-    return path not in unread
+    """Whether ``strategy``'s runs on ``cfg`` depend on the config field ``path`` (False: one
+    run per seed serves every value of a sweep over it). The registry says: each strategy's
+    options class lists the fields it reads (:meth:`fedclock.config.StrategyOptions.reads`),
+    e.g. FedAvg has no deadline and SALF's vanilla neither a deadline nor stragglers."""
+    from fedclock.strategies import STRATEGIES
+
+    return STRATEGIES[strategy].reads(cfg, path)
 
 
 def run_sweep(
@@ -108,7 +100,8 @@ def run_sweep(
     def locate(entry: str, v: Any, seed: int) -> tuple[Path, ExperimentConfig, Any]:
         # a strategy that does not read the swept field runs at the first value only; the
         # other values' rows repeat its results (their run folders are not written)
-        at = v if reads(cells[values[0]], parse_strategy(entry)[0], path) else values[0]
+        first = cell_config(cells[values[0]], entry, seed)
+        at = v if reads(first, parse_strategy(entry)[0], path) else values[0]
         run_dir = out / "runs" / entry_dir(entry) / f"{path}={at}" / f"seed-{seed}"
         return run_dir, cell_config(cells[at], entry, seed), at
 

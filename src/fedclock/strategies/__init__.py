@@ -6,6 +6,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fedclock.config import (
+    AsyncFLOptions,
+    AsyncIdenticalOptions,
+    AsyncTimeBasedOptions,
+    DropStragglersOptions,
+    FedAsyncOptions,
+    FedAvgOptions,
+    FedBuffOptions,
+    FedFixOptions,
+    HeteroFLOptions,
+    SalfOptions,
+    StrategyOptions,
+    VanillaOptions,
+    own_fields,
+)
 from fedclock.errors import ConfigError
 from fedclock.strategies.aggregators import FedAvgAggregator, fedavg_weights
 from fedclock.strategies.asynchronous import (
@@ -29,9 +44,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class StrategySpec:
+    """A named strategy: its options class (the fields it reads, see
+    :class:`fedclock.config.StrategyOptions`) and its builder, which gets the config with
+    the strategy section validated as those options."""
+
     name: str
     summary: str
     build: Callable[[ExperimentConfig, BuildInfo], Strategy]
+    options: type[StrategyOptions]
+
+    def reads(self, cfg: ExperimentConfig, path: str) -> bool:
+        """Whether this strategy's run on ``cfg`` depends on the config field ``path``."""
+        return self.options.reads(cfg, path)
 
 
 def _local_sgd(cfg: ExperimentConfig, info: BuildInfo) -> LocalSGDPlanner:
@@ -45,23 +69,9 @@ def _local_sgd(cfg: ExperimentConfig, info: BuildInfo) -> LocalSGDPlanner:
     )
 
 
-def _sync_only(cfg: ExperimentConfig) -> None:
-    s = cfg.strategy
-    if s.concurrency is not None:
-        raise ConfigError(
-            f"strategy.concurrency applies to the asynchronous strategies; '{s.name}' samples "
-            "clients per round with strategy.client_fraction instead."
-        )
-    if s.aggregation_weights != "auto":
-        raise ConfigError(
-            f"Strategy '{s.name}' weights updates by p_i (strategy.weights), so "
-            f"strategy.aggregation_weights must be 'auto' (got '{s.aggregation_weights}')."
-        )
-
-
 def _fedavg(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     s = cfg.strategy
-    _sync_only(cfg)
+    assert isinstance(s, FedAvgOptions)
     return Strategy(
         name="fedavg",
         planner=_local_sgd(cfg, info),
@@ -73,9 +83,9 @@ def _fedavg(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
 
 def _drop_stragglers(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     s = cfg.strategy
+    assert isinstance(s, DropStragglersOptions)
     if cfg.salf.scenario is not None:  # SALF's straggler-ratio / deadline-depth scenarios
         return build_salf_family(cfg, info, "drop-stragglers")
-    _sync_only(cfg)
     if s.t_max is None:
         raise ConfigError(
             "Strategy 'drop-stragglers' needs a deadline: set strategy.t_max (virtual seconds)."
@@ -91,10 +101,6 @@ def _drop_stragglers(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
 
 def _salf(name: str) -> Callable[[ExperimentConfig, BuildInfo], Strategy]:
     def build(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
-        if cfg.strategy.concurrency is not None:
-            raise ConfigError(
-                f"strategy.concurrency applies to the asynchronous strategies, not '{name}'."
-            )
         strategy: Strategy = build_salf_family(cfg, info, name)
         return strategy
 
@@ -115,63 +121,76 @@ STRATEGIES: dict[str, StrategySpec] = {
             "fedavg",
             "synchronous FedAvg: barrier rounds over a fraction C of clients, sample-weighted average",
             _fedavg,
+            FedAvgOptions,
         ),
         StrategySpec(
             "drop-stragglers",
             "FedAvg under a deadline t_max: updates not arrived by the deadline are discarded",
             _drop_stragglers,
+            DropStragglersOptions,
         ),
         StrategySpec(
             "async-identical",
             "asynchronous FedAvg: a server step on every arrival, weight d_i = 1 (Fraboni et al.)",
             _async("async-identical"),
+            AsyncIdenticalOptions,
         ),
         StrategySpec(
             "async-time-based",
             "asynchronous FedAvg with time-based weights d_i = (Σ 1/τ_j)·τ_i·p_i (Fraboni eq. 36)",
             _async("async-time-based"),
+            AsyncTimeBasedOptions,
         ),
         StrategySpec(
             "fedfix",
             "FedFix: a server step every delta_t with whatever arrived, d_i = ⌈τ_i/Δt⌉·p_i (eq. 40)",
             _async("fedfix"),
+            FedFixOptions,
         ),
         StrategySpec(
             "fedbuff",
             "FedBuff: a server step every buffer_size arrivals, d_i = 1/m (or as configured)",
             _async("fedbuff"),
+            FedBuffOptions,
         ),
         StrategySpec(
             "fedasync",
             "FedAsync (Xie et al.): on each arrival θ ← (1−α_t)θ + α_t·θ_client, α_t = α·s(staleness)",
             _async("fedasync"),
+            FedAsyncOptions,
         ),
         StrategySpec(
             "vanilla",
             "SALF's vanilla FL: every user a full update each round, no deadline (needs salf.scenario)",
             _salf("vanilla"),
+            VanillaOptions,
         ),
         StrategySpec(
             "salf",
             "SALF (Lang et al.): stragglers send the layers their backprop reached; eq. 9",
             _salf("salf"),
+            SalfOptions,
         ),
         StrategySpec(
             "heterofl",
             "HeteroFL: stragglers train a width-r submodel; per-element average over holders",
             _salf("heterofl"),
+            HeteroFLOptions,
         ),
         StrategySpec(
             "asyncfl",
             "AsyncFL (SALF's baseline): a straggler of depth l sends a stale full update every 2l rounds",
             _salf("asyncfl"),
+            AsyncFLOptions,
         ),
     ]
 }
 
 
 def build_strategy(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
-    return STRATEGIES[cfg.strategy.name].build(cfg, info)
+    """The strategy ``cfg`` names, built from the fields it reads (those its strategy section
+    carries for the other strategies of a comparison left out)."""
+    return STRATEGIES[cfg.strategy.name].build(own_fields(cfg), info)
 
 
 __all__ = [

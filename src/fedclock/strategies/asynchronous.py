@@ -436,23 +436,28 @@ class FixedPeriod(_AllClients):
 
 # ------------------------------------------------------------------ builders
 
-ASYNC_DEFAULT_WEIGHTS = {
-    "async-identical": "identical",
-    "async-time-based": "time-based",
-    "fedfix": "fedfix",
-    "fedbuff": "fedbuff",
-}
-
 
 def build_async(cfg: ExperimentConfig, info: BuildInfo, name: str, planner: Planner) -> Strategy:
     """The strategies ``async-identical``, ``async-time-based``, ``fedfix``, ``fedbuff``, ``fedasync``."""
+    from fedclock.config import AsyncOptions, FedAsyncOptions, WeightedAsyncOptions
+
     s = cfg.strategy
+    assert isinstance(s, AsyncOptions)
+    staleness = Staleness(
+        kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
+    )
+    trigger: ArrivalBuffer | FixedPeriod
+    if isinstance(s, FedAsyncOptions):  # θ ← (1 − α_t)·θ + α_t·θ_client on every arrival
+        times = UpdateTimes("profile", planner)  # no weight rule reads τ_i
+        aggregator = StepAggregator(
+            ConstantWeight(s.alpha), server_lr=1.0, server_momentum=s.server_momentum,
+            staleness=staleness, mix=True,
+        )  # fmt: skip
+        trigger = ArrivalBuffer(times, buffer_size=1, concurrency=s.concurrency)
+        return Strategy(name=name, planner=planner, trigger=trigger, aggregator=aggregator)
+
+    assert isinstance(s, WeightedAsyncOptions)
     m = cfg.partition.num_clients
-    if s.client_fraction != 1.0:
-        raise ConfigError(
-            f"Strategy '{name}' keeps every client working, so strategy.client_fraction "
-            f"must be 1 (got {s.client_fraction:g})."
-        )
     if name == "fedfix" and s.delta_t is None:
         raise ConfigError(
             "Strategy 'fedfix' needs a period: set strategy.delta_t (virtual seconds)."
@@ -467,10 +472,6 @@ def build_async(cfg: ExperimentConfig, info: BuildInfo, name: str, planner: Plan
             "so the buffer could never fill."
         )
     times = UpdateTimes(s.tau_source, planner)
-    staleness = Staleness(
-        kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
-    )
-    trigger: ArrivalBuffer | FixedPeriod
     if name == "fedfix":
         assert s.delta_t is not None
         trigger = FixedPeriod(times, delta_t=s.delta_t, concurrency=s.concurrency)
@@ -480,19 +481,7 @@ def build_async(cfg: ExperimentConfig, info: BuildInfo, name: str, planner: Plan
     else:
         trigger = ArrivalBuffer(times, buffer_size=1, concurrency=s.concurrency)
 
-    if name == "fedasync":
-        if s.aggregation_weights != "auto":
-            raise ConfigError(
-                "Strategy 'fedasync' mixes with α·s(staleness), so strategy.aggregation_weights "
-                f"must be 'auto' (got '{s.aggregation_weights}')."
-            )
-        aggregator = StepAggregator(
-            ConstantWeight(s.alpha), server_lr=1.0, server_momentum=s.server_momentum,
-            staleness=staleness, mix=True,
-        )  # fmt: skip
-        return Strategy(name=name, planner=planner, trigger=trigger, aggregator=aggregator)
-
-    kind = ASYNC_DEFAULT_WEIGHTS[name] if s.aggregation_weights == "auto" else s.aggregation_weights
+    kind = type(s).weight_rule(s.aggregation_weights)  # auto: the strategy's own rule
     if kind == "fedfix" and s.delta_t is None:
         raise ConfigError(
             "strategy.aggregation_weights 'fedfix' (⌈τ_i/Δt⌉·p_i) needs strategy.delta_t."

@@ -514,8 +514,11 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
             f"Strategy '{method}' needs salf.scenario: 'ratio' (population.straggler_ratio) "
             "or 'deadline' (strategy.t_max)."
         )
-    if sc.scenario == "deadline" and cfg.strategy.t_max is None:
-        raise ConfigError("salf.scenario 'deadline' needs a deadline: set strategy.t_max.")
+    t_max = getattr(cfg.strategy, "t_max", None)  # vanilla's options have none: no deadline
+    if sc.scenario == "deadline" and t_max is None:
+        if method != "vanilla":
+            raise ConfigError("salf.scenario 'deadline' needs a deadline: set strategy.t_max.")
+        t_max = math.inf  # every user's full update fits: the depths it never uses are all 1
     if info.model is None:
         raise ConfigError(f"Strategy '{method}' needs the model in BuildInfo.")
     if method == "heterofl" and any(True for _ in info.model.buffers()):
@@ -536,7 +539,7 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
     }
     setup = RoundSetup(
         method=method, mode=sc.mode, scenario=sc.scenario, units=units, num_users=len(sizes),
-        straggler_ratio=cfg.population.straggler_ratio, t_max=cfg.strategy.t_max,
+        straggler_ratio=cfg.population.straggler_ratio, t_max=t_max,
         full_plans=[by_size[int(n)] for n in sizes], model_bytes=info.model_bytes,
         layout=Layout.of(
             info.model, units, info.model_bytes,
