@@ -243,6 +243,13 @@ class FedAvgOptions(_RoundOptions):
     name: Literal["fedavg"] = "fedavg"
 
 
+class FedProxOptions(_RoundOptions):
+    """FedAvg's rounds with FedProx's local objective F_k(θ) + (μ/2)‖θ − θ^t‖² (Li et al.)."""
+
+    name: Literal["fedprox"] = "fedprox"
+    mu: float = Field(0.01, ge=0, description="μ of the proximal term (μ/2)‖θ − θ^t‖²")
+
+
 class DropStragglersOptions(_RoundOptions):
     """FedAvg under a deadline; with ``salf.scenario``, SALF's drop-stragglers baseline."""
 
@@ -397,6 +404,7 @@ class AsyncFLOptions(_SalfDepthOptions):
 
 StrategyOptionsUnion = Annotated[
     FedAvgOptions
+    | FedProxOptions
     | DropStragglersOptions
     | AsyncIdenticalOptions
     | AsyncTimeBasedOptions

@@ -15,6 +15,7 @@ from fedclock.config import (
     FedAvgOptions,
     FedBuffOptions,
     FedFixOptions,
+    FedProxOptions,
     HeteroFLOptions,
     SalfOptions,
     StrategyOptions,
@@ -81,6 +82,20 @@ def _fedavg(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     )
 
 
+def _fedprox(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
+    """FedProx (Li et al., MLSys 2020): FedAvg's rounds and weighted average; each client
+    minimises h_k(θ; θ^t) = F_k(θ) + (μ/2)‖θ − θ^t‖² (eq. 2) by local SGD from θ^t."""
+    s = cfg.strategy
+    assert isinstance(s, FedProxOptions)
+    return Strategy(
+        name="fedprox",
+        planner=_local_sgd(cfg, info),
+        trigger=SyncRounds(client_fraction=s.client_fraction),
+        aggregator=RecordingFedAvgAggregator(weights=s.weights, server_lr=s.server_lr),
+        needs=Needs(synchronous=True, proximal_mu=s.mu),
+    )
+
+
 def _drop_stragglers(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     s = cfg.strategy
     assert isinstance(s, DropStragglersOptions)
@@ -122,6 +137,12 @@ STRATEGIES: dict[str, StrategySpec] = {
             "synchronous FedAvg: barrier rounds over a fraction C of clients, sample-weighted average",
             _fedavg,
             FedAvgOptions,
+        ),
+        StrategySpec(
+            "fedprox",
+            "FedProx: FedAvg rounds, local objective F_k + (μ/2)‖θ − θ^t‖² (strategy.mu)",
+            _fedprox,
+            FedProxOptions,
         ),
         StrategySpec(
             "drop-stragglers",

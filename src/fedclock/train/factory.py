@@ -6,6 +6,7 @@ never inspects a strategy."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -78,6 +79,8 @@ def make_executor(
     """
     if kind not in KINDS:
         raise ValueError(f"unknown executor {kind!r}; allowed: {', '.join(KINDS)}")
+    if needs.proximal_mu:  # the strategy's local objective (FedProx)
+        local = replace(local, proximal_mu=needs.proximal_mu)
     dev = resolve_device(device)
     known = {type(FULL), Suffix, Width}
     if not needs.shapes <= known:

@@ -61,7 +61,9 @@ class Needs:
     task trains every unit and sends units d..L (SALF's reference mode, the authors' code)
     instead of backpropagating to d only; ``synchronous``: every update of an executor
     batch is aggregated in the same round (contributions may share the block's memory);
-    ``deadline``: the t_max no client may be unable to meet (checked before the run).
+    ``deadline``: the t_max no client may be unable to meet (checked before the run);
+    ``proximal_mu``: the μ of a proximal term the strategy's local objective adds
+    (FedProx; overrides :attr:`LocalTraining.proximal_mu`).
     """
 
     shapes: frozenset[type[WorkShape]] = frozenset({type(FULL)})
@@ -70,6 +72,7 @@ class Needs:
     momentum_per_client: bool = False
     synchronous: bool = False
     deadline: float | None = None
+    proximal_mu: float = 0.0
 
     @property
     def partial(self) -> bool:
