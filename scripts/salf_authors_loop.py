@@ -24,11 +24,76 @@ fedclock's ``salf.mode: reference`` can be checked against something other than 
 
 It prints one JSON line. The random streams differ from fedclock's, so single runs differ
 by the seed spread; compare means over seeds.
+
+``--authors-rng``: the authors' random calls, in the authors' order
+--------------------------------------------------------------------
+
+The default mode above draws its own random numbers. With ``--authors-rng`` the script
+instead makes the random calls that the authors' ``main.py`` / ``utils.py`` make (as read at
+``langnatalie/SALF`` ``ad6533a``; spec §1.3), on the same generators and in the same order,
+so that a run at ``--seed 1234`` draws the authors' validation split, initial model, shards,
+mini-batches, straggler set and SALF depths. The calls, in order:
+
+1. ``torch.manual_seed(s)``, ``np.random.seed(s)``, ``random.seed(s)`` (``initializations``;
+   ``torch.cuda.manual_seed_all`` has no effect on the CPU streams below).
+2. ``random_split(train, [50000, 10000])`` with the default generator: one
+   ``torch.randperm(60000)``; its first 50,000 entries are the training subset, the last
+   10,000 (in that order) the validation set (``data_split``).
+3. The global model: ``FC2Layer`` (fc1, fc2, fc3) or ``CNN2Layer`` (conv1, conv2, fc1, fc2),
+   each layer's default ``reset_parameters`` in that order on torch's global generator.
+4. ``federated_setup``: one ``torch.randperm(50000)``; user u's shard is positions
+   ``[u·1666, (u+1)·1666)`` of it, mapped through the training subset. The U local models
+   are ``copy.deepcopy`` of the global one (no random calls; the default mode instead
+   initialises U fresh models), each with its own SGD optimizer.
+5. Unless vanilla (``--stragglers None`` draws nothing here): the straggler set,
+   ``random.sample(range(U), round(ρ·U))`` on Python's ``random``, once.
+6. Every round, users 0..U−1 in order; a drop-mode straggler draws nothing. Every other
+   user trains one mini-batch from a fresh iterator of its ``DataLoader(shuffle=True,
+   batch_size=16)``, which in torch's code is: ``_BaseDataLoaderIter`` draws ``_base_seed``
+   (``torch.empty((), dtype=int64).random_()``), then ``RandomSampler.__iter__`` draws a seed
+   the same way, seeds a fresh ``torch.Generator`` with it and takes
+   ``torch.randperm(1666, generator=…)``; the batch is its first 16 entries. Then, for a SALF
+   straggler only, ``np.random.randint(1, L_e + 1)`` (numpy's global RNG) gives k.
+7. FedAvg sums the local state dicts in user order and divides by U; validation accuracy in
+   batches of 1,000 in the split's order; test accuracy of the best-validation model.
+
+Nothing else in the authors' loop consumes these three generators (``torchinfo.summary``
+without an input, ``deepcopy``, ``load_state_dict``, the optimizers and the evaluation draw
+nothing). MNIST is read from the IDX files: ``(x/255 − 0.5)/0.5`` in float32 is bitwise what
+torchvision's ``ToTensor`` + ``Normalize((0.5,), (0.5,))`` give.
+
+Where it cannot be exact:
+
+- The authors trained on ``cuda:0`` (their default device); this script runs on the CPU.
+  Every random draw above is made on the CPU generators in both, and no draw depends on a
+  computed value, so the data order, initial weights, straggler set and depths are the
+  authors'; the floating-point results of the forward/backward passes are not (cuBLAS /
+  cuDNN vs CPU kernels round differently), so a run here is not bitwise the authors' run.
+  How much that moves an accuracy was not measured on a GPU. On the CPU the MLP runs are
+  insensitive to rounding: 1 vs 2 threads give bitwise the same run, and a float64 forward
+  pass gave the same accuracies to 4 decimals (vanilla, drop ρ=0.7, SALF ρ=0.9, seed 1234).
+- The torch version: the calls above are those of torch 2.x's ``random_split``,
+  ``DataLoader`` and ``RandomSampler`` (checked against the torch installed here); the
+  authors' version is not recorded. ``randperm`` and ``uniform_`` on the CPU generator are
+  assumed to produce the same numbers across versions.
+- Seeds other than 1234: the authors' ``--seed`` has ``type=float``, so ``--seed 1`` on their
+  command line becomes ``1.0``, which ``np.random.seed`` rejects (TypeError with the numpy
+  installed here); only the default, the int 1234, runs unedited. ``--seed s`` here seeds
+  all three generators with the int s, as the authors' code would with its default edited.
+- ``asyncfl`` and ``--redraw`` are not in the authors' code (no call order to copy), so
+  ``--authors-rng`` refuses them.
+
+``--init-seed S`` (with ``--authors-rng``) replaces only the initial model by the one the
+authors' calls draw at seed S (steps 1–3 at S); every other draw stays the run seed's (the
+run still makes its own step-3 draws, then overwrites the weights), so ``--seed 1
+--init-seed 1234`` is seed 1's run started from seed 1234's initial model.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import json
 import random
 import sys
@@ -64,6 +129,7 @@ class CNN(nn.Module):  # conv 1→6→6 (k5, maxpool 2), fc 96→50→10 (spec �
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
+@functools.cache  # read once per process (the tests call main() many times)
 def load(data_dir: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     def images(name: str) -> torch.Tensor:
         x = read_idx(data_dir / name).astype(np.float32) / 255.0
@@ -88,29 +154,83 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return correct / len(x)
 
 
-def run(args: argparse.Namespace) -> dict[str, float | int | str]:
+N_VAL = 10_000  # the authors' validation split: as many samples as the test set
+
+
+# --authors-rng: each helper makes exactly the torch calls that the authors' code makes
+# through torch.utils.data (module docstring, steps 2, 4 and 6), nothing more.
+def authors_split(n_total: int, n_val: int = N_VAL) -> tuple[torch.Tensor, torch.Tensor]:
+    """random_split(data, [n_total − n_val, n_val]): (training subset, validation set)."""
+    perm = torch.randperm(n_total)
+    return perm[: n_total - n_val], perm[n_total - n_val :]
+
+
+def authors_shards(train: torch.Tensor, users: int) -> list[torch.Tensor]:
+    """federated_setup: user u's shard, as indices into the full training set."""
+    order = torch.randperm(len(train))
+    per_user = len(train) // users
+    return [train[order[u * per_user : (u + 1) * per_user]] for u in range(users)]
+
+
+def authors_batch(shard_len: int, batch: int) -> torch.Tensor:
+    """Positions in the shard of the first batch of a fresh DataLoader(shuffle=True) iterator."""
+    torch.empty((), dtype=torch.int64).random_()  # _BaseDataLoaderIter._base_seed
+    seed = int(torch.empty((), dtype=torch.int64).random_().item())  # RandomSampler.__iter__
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return torch.randperm(shard_len, generator=generator)[:batch]
+
+
+def authors_initial_state(net: type[nn.Module], seed: int, n_total: int) -> dict:
+    """The global model's initial weights that the authors' calls draw at ``seed``."""
+    torch.manual_seed(seed)
+    authors_split(n_total)
+    return net().state_dict()
+
+
+def run(args: argparse.Namespace) -> dict[str, float | int | str | list[int] | None]:
+    net = {"mlp": MLP, "cnn": CNN}[args.model]
+    x, y, x_test, y_test = load(Path(args.data_dir))
+    init_state = None
+    if args.init_seed is not None:
+        init_state = authors_initial_state(net, args.init_seed, len(x))
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     np.random.seed(args.seed)
-    x, y, x_test, y_test = load(Path(args.data_dir))
-    split = torch.randperm(len(x))
-    val, train = split[:10_000], split[10_000:]
+    if args.authors_rng:
+        train, val = authors_split(len(x))
+        glob = net()
+        if init_state is not None:
+            glob.load_state_dict(init_state)
+        shards = authors_shards(train, args.users)
+        per_user = len(shards[0])
+        local = [copy.deepcopy(glob) for _ in range(args.users)]
+        drawn = (
+            []
+            if args.method == "vanilla"
+            else random.sample(range(args.users), round(args.ratio * args.users))
+        )
+    else:
+        split = torch.randperm(len(x))
+        val, train = split[:N_VAL], split[N_VAL:]
+        order = train[torch.randperm(len(train))]
+        per_user = len(train) // args.users
+        shards = [order[u * per_user : (u + 1) * per_user] for u in range(args.users)]
+        glob = net()
+        local = [net() for _ in range(args.users)]
+        drawn = random.sample(range(args.users), round(args.ratio * args.users))
     x_val, y_val = x[val], y[val]
-    order = train[torch.randperm(len(train))]
-    per_user = len(train) // args.users
-    shards = [order[u * per_user : (u + 1) * per_user] for u in range(args.users)]
-
-    net = {"mlp": MLP, "cnn": CNN}[args.model]
-    glob = net()
-    local = [net() for _ in range(args.users)]
     opts = [torch.optim.SGD(m.parameters(), lr=args.lr, momentum=args.momentum) for m in local]
     keys = list(glob.state_dict())
     n_tensors = len(keys)
-    stragglers = set(random.sample(range(args.users), round(args.ratio * args.users)))
+    stragglers = set(drawn)
     stale: dict[int, tuple[dict[str, torch.Tensor], int]] = {}  # asyncfl: (base, due round)
 
     def step(u: int) -> None:
-        idx = shards[u][torch.randperm(per_user)[: args.batch]]
+        if args.authors_rng:
+            idx = shards[u][authors_batch(per_user, args.batch)]
+        else:
+            idx = shards[u][torch.randperm(per_user)[: args.batch]]
         loss = F.cross_entropy(local[u](x[idx]), y[idx])
         opts[u].zero_grad()
         loss.backward()
@@ -155,7 +275,7 @@ def run(args: argparse.Namespace) -> dict[str, float | int | str]:
             best_val, best_state = v_acc, {k: v.clone() for k, v in glob.state_dict().items()}
     final_test = accuracy(glob, x_test, y_test)
     glob.load_state_dict(best_state)
-    return {
+    out: dict[str, float | int | str | list[int] | None] = {
         "model": args.model,
         "method": args.method,
         "ratio": args.ratio,
@@ -167,6 +287,9 @@ def run(args: argparse.Namespace) -> dict[str, float | int | str]:
         "val_best_test_accuracy": round(accuracy(glob, x_test, y_test), 4),
         "final_test_accuracy": round(final_test, 4),
     }
+    if args.authors_rng:
+        out.update(authors_rng=True, init_seed=args.init_seed, stragglers=drawn)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,7 +309,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="draw a new straggler set every round (the paper's text) instead of once (the code)",
     )
+    ap.add_argument(
+        "--authors-rng",
+        action="store_true",
+        help="make the authors' random calls in the authors' order (see the module docstring)",
+    )
+    ap.add_argument(
+        "--init-seed",
+        type=int,
+        help="with --authors-rng: start from the initial model the authors' calls draw at "
+        "this seed (every other draw stays --seed's)",
+    )
     args = ap.parse_args(argv)
+    if args.authors_rng and (args.method == "asyncfl" or args.redraw):
+        ap.error("--authors-rng: asyncfl and --redraw are not in the authors' code")
+    if args.init_seed is not None and not args.authors_rng:
+        ap.error("--init-seed needs --authors-rng")
     if args.method == "vanilla":
         args.ratio = 0.0
     args.rounds = args.rounds or (250 if args.model == "mlp" else 150)
