@@ -457,3 +457,13 @@ def test_mnist_fedavg_preset_reaches_95_percent(tmp_path, mnist_data):
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert summary["final_test_accuracy"] >= 0.95
+
+
+def test_strategies_lists_the_fields_each_strategy_reads() -> None:
+    from fedclock.cli import app
+
+    res = runner.invoke(app, ["strategies"], env={"COLUMNS": "400"})
+    assert res.exit_code == 0
+    rows = {line.split("│")[1].strip(): line for line in res.output.splitlines() if "│" in line}
+    assert "strategy.mu" in rows["fedprox"] and "strategy.mu" not in rows["fedavg"]
+    assert "strategy.buffer_size" in rows["fedbuff"]

@@ -566,8 +566,10 @@ def strategies() -> None:
     t = Table(title="strategies (strategy.name)")
     t.add_column("name", style="bold")
     t.add_column("what it is")
+    t.add_column("fields it reads (docs/config.md)")
     for s in STRATEGIES.values():
-        t.add_row(s.name, s.summary)
+        fields = sorted(p for p in s.options.paths() if p != "strategy.name")
+        t.add_row(s.name, s.summary, ", ".join(fields))
     Console().print(t)
 
 
