@@ -59,8 +59,10 @@ class Needs:
     ``shapes``: the work shapes its planner dispatches; ``layout``: the model as those
     shapes see it (needed by any shape but ``FULL``); ``suffix_trains_fully``: a layer-suffix
     task trains every unit and sends units d..L (SALF's reference mode, the authors' code)
-    instead of backpropagating to d only; ``synchronous``: every update of an executor
-    batch is aggregated in the same round (contributions may share the block's memory);
+    instead of backpropagating to d only; ``momentum_per_client``: each client's momentum
+    buffers persist across its tasks (the authors' one optimizer per user);
+    ``synchronous``: every update of an executor batch is aggregated in the same round
+    (contributions may share the block's memory);
     ``deadline``: the t_max no client may be unable to meet (checked before the run);
     ``proximal_mu``: the μ of a proximal term the strategy's local objective adds
     (FedProx; overrides :attr:`LocalTraining.proximal_mu`).
