@@ -19,6 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fedclock.config import load_config
 from fedclock.devices import Population
+from fedclock.errors import ConfigError
 from fedclock.experiment import run_experiment
 from fedclock.models import build_model, layer_view
 from fedclock.models.shapes import (
@@ -389,6 +390,30 @@ def test_reference_mode_holdout_reports_best_val(tmp_path) -> None:
                   "train.momentum": 0.5})  # fmt: skip
     res = run_experiment(cfg, run_dir=tmp_path / "r")
     assert 0.0 <= res.summary["val_best_test_accuracy"] <= 1.0
+
+
+def test_validation_schedule_picks_the_same_model_as_evaluating_every_round(tmp_path) -> None:
+    """eval.val_every_aggregations=1 with a sparse test curve: the same best-validation
+    model and its test accuracy as testing and validating every round, in fewer test passes."""
+    base = {"strategy.name": "salf", "salf.mode": "reference", "eval.val_holdout": 300,
+            "train.momentum": 0.5, "budget.aggregations": 12}  # fmt: skip
+    every = run_experiment(_cfg(**base), run_dir=tmp_path / "every")
+    sparse = run_experiment(
+        _cfg(**base, **{"eval.every_aggregations": 5, "eval.val_every_aggregations": 1}),
+        run_dir=tmp_path / "sparse",
+    )
+    for key in ("val_best_test_accuracy", "best_val_accuracy"):
+        assert sparse.summary[key] == every.summary[key]
+    assert sparse.summary["validations"] == every.summary["validations"] == 13  # θ_0..θ_12
+    assert len(sparse.history) == 4 and len(every.history) == 13  # sparse: 0, 5, 10, 12
+    # validating alone (no test curve) finds it too; without a validation split it is refused
+    only = run_experiment(
+        _cfg(**base, **{"eval.every_aggregations": "null", "eval.val_every_aggregations": 1}),
+        run_dir=tmp_path / "only",
+    )
+    assert only.summary["val_best_test_accuracy"] == every.summary["val_best_test_accuracy"]
+    with pytest.raises(ConfigError, match="val_every_aggregations needs a validation split"):
+        _cfg(**{"eval.val_every_aggregations": 1})
 
 
 def test_deadline_scenario_depths_shrink_with_t_max(tmp_path) -> None:

@@ -464,6 +464,18 @@ class EvalConfig(_Section):
         description="training samples held out for validation; the summary then has the test "
         "accuracy of the best-validation model (SALF reference: 10000; formerly salf.val_holdout)",
     )
+    val_every_aggregations: int | None = Field(
+        None,
+        ge=1,
+        description="with val_holdout: validate every k aggregations to pick the best model, "
+        "testing only the improvements (null: validate with each test evaluation)",
+    )
+
+    @model_validator(mode="after")
+    def _validation_split(self) -> EvalConfig:
+        if self.val_every_aggregations is not None and not self.val_holdout:
+            raise ValueError("val_every_aggregations needs a validation split: set val_holdout")
+        return self
 
 
 class ExecutorConfig(_Section):

@@ -28,6 +28,7 @@ from fedclock.metrics.recorder import CLIENT_LOSS_COLUMNS, RunRecorder, summariz
 from fedclock.models import build_model, layer_view, param_bytes
 from fedclock.rng import torch_seed
 from fedclock.sim.simulator import Budget, Simulator
+from fedclock.sim.types import ModelVersion
 from fedclock.strategies import BuildInfo, Strategy, build_strategy, fedavg_weights
 from fedclock.train.evaluate import BestValidation, ClientLossEvaluator, Evaluator
 from fedclock.train.executor import ClientData, snapshot
@@ -77,6 +78,20 @@ def check_deadline(strategy: Strategy, population: Population, cfg: ExperimentCo
             f"strategy.t_max = {t_max:g} s is impossible: the fastest client needs at least "
             f"{best:.4g} virtual seconds for {what}, so no update could ever arrive."
         )
+
+
+def _validation_schedule(
+    evaluator: object, every: int | None
+) -> Callable[[ModelVersion, int], None] | None:
+    """Validate every ``every`` aggregations (``eval.val_every_aggregations``)."""
+    if every is None or not isinstance(evaluator, BestValidation):
+        return None
+
+    def validate(version: ModelVersion, aggregations: int) -> None:
+        if aggregations % every == 0:
+            evaluator.validate(version)
+
+    return validate
 
 
 def client_table(
@@ -217,6 +232,7 @@ def run_experiment(
         divergence_factor=cfg.eval.divergence_factor,
         evaluate_clients=client_eval,
         importance=importance,
+        on_aggregate=_validation_schedule(evaluator, cfg.eval.val_every_aggregations),
     )
     status, error, stop = "completed", None, None
     try:
@@ -236,6 +252,7 @@ def run_experiment(
     if val_xy is not None:  # test accuracy of the best-validation checkpoint (SALF Table II)
         summary["val_best_test_accuracy"] = evaluator.best_val_test_accuracy
         summary["best_val_accuracy"] = evaluator.best_val
+        summary["validations"] = evaluator.validations
     recorder.write_summary(summary)
     recorder.write_clients(client_table(sim, strategy, population, importance))
     return RunResult(run_dir=run_dir, summary=summary, history=sim.history, error=error)

@@ -208,6 +208,7 @@ class Simulator:
         divergence_factor: float | None = None,
         evaluate_clients: Callable[[ModelVersion], np.ndarray] | None = None,
         importance: np.ndarray | None = None,
+        on_aggregate: Callable[[ModelVersion, int], None] | None = None,
     ) -> None:
         self.strategy = strategy
         self.executor = executor
@@ -224,6 +225,7 @@ class Simulator:
         self.divergence_factor = divergence_factor
         self.evaluate_clients = evaluate_clients
         self.importance = importance  # p_i of eq. 2 (default: ∝ client sizes)
+        self.on_aggregate = on_aggregate  # (new version, aggregation count), after records
         self.last_client_losses: np.ndarray | None = None
 
         self.now = 0.0
@@ -367,6 +369,8 @@ class Simulator:
         k = self.eval_every_aggregations
         if k is not None and ctr.aggregations % k == 0:
             self._record(self.now)
+        if self.on_aggregate is not None:
+            self.on_aggregate(self.model, ctr.aggregations)
         b = self.budget
         if self.stop_reason is None:
             if b.aggregations is not None and ctr.aggregations >= b.aggregations:
