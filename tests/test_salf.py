@@ -33,9 +33,9 @@ from fedclock.models.shapes import (
     width_shapes,
 )
 from fedclock.sim.types import TaskPlan
+from fedclock.strategies.planners import SuffixWork
 from fedclock.strategies.salf import (
-    RoundSetup,
-    StragglerRounds,
+    DeadlineDepths,
     coverage_update,
     deadline_depth,
     divide_by_u_update,
@@ -167,37 +167,31 @@ def test_p_exact_deadline_hand_computed() -> None:
 
 
 class _DepthCtx:
-    """Just enough of the simulator's Context for ``StragglerRounds.depths`` (deadline):
-    ``prepare`` prices the planner's full task with the population's own timing, k = round."""
+    """Just enough of the simulator's Context for ``DeadlineDepths.draw``: the population,
+    and ``prepare`` giving the task counter k (it keys the slowdown draw)."""
 
-    def __init__(self, rounds: StragglerRounds, population: Population) -> None:
-        self.rounds, self.population, self.k = rounds, population, 0
+    def __init__(self, population: Population) -> None:
+        self.population, self.k = population, 0
 
     def prepare(self, client: int) -> SimpleNamespace:
-        plan, cost = self.rounds.plan(None, client)
-        return SimpleNamespace(
-            plan=plan, cost=cost, k=self.k, timing=self.population.timing(client, cost, self.k)
-        )
+        return SimpleNamespace(k=self.k)
 
 
 def _deadline_rounds(
     population: Population, t_max: float, *, fwd: float = 2.0e4,
     bwd: tuple[float, ...] = (1.0e4, 3.0e3, 6.0e3), samples: int = 16, nbytes: int = 4000,
-) -> StragglerRounds:  # fmt: skip
+) -> DeadlineDepths:  # fmt: skip
     L = len(bwd)
     units = Units(L, {}, {}, bwd, fwd, (nbytes // L,) * L)
-    setup = RoundSetup(
-        method="salf", mode="paper", scenario="deadline", units=units,
-        num_users=len(population), straggler_ratio=0.0, t_max=t_max,
+    return DeadlineDepths(
+        t_max=t_max, layout=Layout(units, {}, nbytes),
         full_plans=[TaskPlan(local_steps=1, batch_size=samples, samples=samples)] * len(population),
-        model_bytes=nbytes, layout=Layout(units, {}, nbytes),
     )  # fmt: skip
-    return StragglerRounds(setup)
 
 
 @pytest.mark.parametrize("kind", ["lognormal", "exponential"])
 def test_p_exact_deadline_matches_the_simulated_depths(kind: str) -> None:
-    """Monte Carlo through the simulator's own depth code (``StragglerRounds.depths``)."""
+    """Monte Carlo through the simulator's own depth code (``DeadlineDepths.draw``)."""
     pop = Population(
         speed=np.array([1.0e9, 2.0e9, 3.0e9, 5.0e8]),
         up_bandwidth=np.array([np.inf, 8.0e7, np.inf, np.inf]),
@@ -206,16 +200,16 @@ def test_p_exact_deadline_matches_the_simulated_depths(kind: str) -> None:
     )  # fmt: skip
     # 4000 model bytes: users 1–3 spend 100, 100, 40 µs of the 200 µs on transfers (which
     # matter: with free links p_l would be about a third of these)
-    rounds = _deadline_rounds(pop, t_max=2.0e-4)
-    L = rounds.s.units.count
-    p = p_values(rounds.s, "exact", pop)
+    depths = _deadline_rounds(pop, t_max=2.0e-4)
+    L = depths.layout.units.count
+    p = p_values("exact", depths, pop)
     assert min(p) > 0.02 and max(p) < 0.98  # an informative case: no p_l near 0 or 1
-    ctx = _DepthCtx(rounds, pop)
+    ctx = _DepthCtx(pop)
     draws = 20_000
     empty = np.zeros(L)
     for k in range(draws):
         ctx.k = k
-        d = rounds.depths(ctx)
+        d = depths.draw(ctx, k).depths
         empty += [(d > layer).all() for layer in range(1, L + 1)]
     for layer in range(L):
         sd = math.sqrt(p[layer] * (1 - p[layer]) / draws)
@@ -234,17 +228,17 @@ def test_p_exact_deadline_without_slowdown_is_the_deterministic_depths(
     n = len(speeds)
     pop = Population(speed=np.array(speeds), up_bandwidth=np.full(n, bw),
                      down_bandwidth=np.full(n, bw))  # fmt: skip
-    rounds = _deadline_rounds(pop, t_max=t_max)
-    u, L = rounds.s.units, rounds.s.units.count
+    depths = _deadline_rounds(pop, t_max=t_max)
+    u, L, nbytes = depths.layout.units, depths.layout.units.count, depths.layout.model_bytes
     # away from exact ties at a layer boundary (measure zero; float round-off decides those)
     for spd in speeds:
         for layer in range(1, L + 1):
-            up = rounds.s.model_bytes if layer == 1 else u.suffix_bytes(layer)
-            avail = t_max - (rounds.s.model_bytes + up) / bw
+            up = nbytes if layer == 1 else u.suffix_bytes(layer)
+            avail = t_max - (nbytes + up) / bw
             need = 16 * (u.fwd_flops + sum(u.bwd_flops[layer - 1 :])) / spd
             assume(abs(need - avail) > 1e-9 * max(need, abs(avail)))
-    p = p_values(rounds.s, "exact", pop)
-    d = rounds.depths(_DepthCtx(rounds, pop))
+    p = p_values("exact", depths, pop)
+    d = depths.draw(_DepthCtx(pop), 0).depths
     assert p == [1.0 if (d > layer).all() else 0.0 for layer in range(1, L + 1)]
 
 
@@ -262,8 +256,8 @@ def test_p_exact_deadline_is_a_probability_monotone_in_layer_and_t_max(
     pop = Population(speed=np.array(speeds), up_bandwidth=np.full(n, np.inf),
                      down_bandwidth=np.full(n, 1.0e8), slowdown_kind=kind,
                      slowdown_sigma=sigma)  # fmt: skip
-    p = p_values(_deadline_rounds(pop, t_max=t_max).s, "exact", pop)
-    later = p_values(_deadline_rounds(pop, t_max=2 * t_max).s, "exact", pop)
+    p = p_values("exact", _deadline_rounds(pop, t_max=t_max), pop)
+    later = p_values("exact", _deadline_rounds(pop, t_max=2 * t_max), pop)
     assert all(0.0 <= v <= 1.0 for v in p)
     # U^1 ⊆ U^2 ⊆ … (eq. 8): P(U^l empty) does not grow with l; more time, fewer empty sets
     assert all(a >= b for a, b in itertools.pairwise(p))
@@ -278,16 +272,37 @@ def test_eq9_guard_when_p_rounds_to_one() -> None:
 
 
 def test_deadline_p_values_need_the_population_and_other_rules_are_unchanged() -> None:
-    from dataclasses import replace
-
     pop = Population(speed=np.full(3, 1.0e9), up_bandwidth=np.full(3, np.inf),
                      down_bandwidth=np.full(3, np.inf), slowdown_kind="lognormal")  # fmt: skip
-    s = _deadline_rounds(pop, t_max=4.0e-4).s
+    depths = _deadline_rounds(pop, t_max=4.0e-4)
     with pytest.raises(ValueError, match="population"):
-        p_values(s, "exact")
-    assert p_values(s, "zero", pop) == [0.0] * 3
-    assert p_values(s, "eq10", pop) == [p_eq10(layer, 3, 3) for layer in (1, 2, 3)]
-    assert p_values(replace(s, method="drop-stragglers"), "exact", pop) == [0.0] * 3
+        p_values("exact", depths)
+    assert p_values("zero", depths, pop) == [0.0] * 3
+    assert p_values("eq10", depths, pop) == [p_eq10(layer, 3, 3) for layer in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("method", ["vanilla", "drop-stragglers", "asyncfl", "salf"])
+def test_only_salf_divides_by_one_minus_p(method: str) -> None:
+    """p_rule (exact by default) is SALF's; its baselines average plainly over the holders
+    (p = 0), though every user straggles here, so SALF's exact p_l are all > 0."""
+    from fedclock.models import param_bytes
+    from fedclock.strategies import BuildInfo, build_strategy
+
+    cfg = _cfg(**{"strategy.name": method, "salf.mode": "paper",
+                  "population.straggler_ratio": 1.0})  # fmt: skip
+    model = build_model("mlp", input_shape=(64,), num_classes=10, hidden=[16], seed=0)
+    layers = tuple(layer_view(model, (64,)))
+    info = BuildInfo(
+        client_sizes=np.full(8, 20), layer_fwd_flops=tuple(x.fwd_flops for x in layers),
+        layer_bwd_flops=tuple(x.bwd_flops for x in layers), model_bytes=param_bytes(model),
+        model=model, layers=layers,
+    )  # fmt: skip
+    p = build_strategy(cfg, info).aggregator.p_values  # type: ignore[attr-defined]
+    L = len(p)
+    assert L == 2
+    # every user a straggler (AS4): the exact p_l is eq. 10
+    assert p == (tuple(p_eq10(layer, L, 8) for layer in range(1, L + 1)) if method == "salf"
+                 else (0.0,) * L)  # fmt: skip
 
 
 # ------------------------------------------------------------------ HeteroFL slicing
@@ -822,16 +837,11 @@ def test_salf_vgg_preset_learns(tmp_path, method: str) -> None:
 
 
 # ------------------------------------------------------------------ costs match the work
-def _ref_rounds(charge: str) -> StragglerRounds:
+def _ref_rounds(charge: str) -> SuffixWork:
     # 3 reference-mode units (tensors): backward [10, 20, 30] FLOP/sample, forward 100
     units = Units(3, {}, {}, (10.0, 20.0, 30.0), 100.0, (40, 8, 12))
     layout = Layout(units, {}, 60, charge_full_step=charge == "work")
-    setup = RoundSetup(
-        method="salf", mode="reference", scenario="ratio", units=units, num_users=1,
-        straggler_ratio=1.0, t_max=None, full_plans=[TaskPlan(1, 4, 4)], model_bytes=60,
-        layout=layout,
-    )  # fmt: skip
-    return StragglerRounds(setup)
+    return SuffixWork(depths=None, full_plans=[TaskPlan(1, 4, 4)], layout=layout)
 
 
 def test_reference_mode_charges_the_full_step_it_trains() -> None:
@@ -865,10 +875,10 @@ def test_deadline_depth_reserves_only_the_suffix_upload() -> None:
                      down_bandwidth=np.array([np.inf]))  # fmt: skip
     # depth 3 needs 16·(2e4 + 6e3)/1e9 = 0.416 ms of compute + 1333/1000 s of upload;
     # the whole model's upload alone (4 s) would exceed t_max = 2 s
-    rounds = _deadline_rounds(pop, t_max=2.0)
-    d = rounds.depths(_DepthCtx(rounds, pop))
+    depths = _deadline_rounds(pop, t_max=2.0)
+    d = depths.draw(_DepthCtx(pop), 0).depths
     assert d.tolist() == [3]
-    assert p_values(rounds.s, "exact", pop) == [1.0, 1.0, 0.0]
+    assert p_values("exact", depths, pop) == [1.0, 1.0, 0.0]
 
 
 def test_every_user_plans_an_epoch_of_its_own_data(tmp_path, monkeypatch) -> None:
@@ -894,3 +904,59 @@ def test_every_user_plans_an_epoch_of_its_own_data(tmp_path, monkeypatch) -> Non
         sizes = {int(r["client"]): int(r["num_samples"]) for r in csv.DictReader(fh)}
     assert len(set(sizes.values())) > 1  # unequal sizes: the case this is about
     assert seen == sizes  # one epoch = every sample of the user's own shard
+
+
+# ------------------------------------------------------------------ parts compose
+def test_salf_suffix_work_composes_with_a_fedbuff_trigger(tmp_path, monkeypatch) -> None:
+    """SALF's suffix work (reference-mode depth draws) × FedBuff's arrival buffer × eq. 9:
+    built from the public parts, run end to end through run_experiment."""
+    from dataclasses import replace as dc_replace
+
+    from fedclock.strategies import STRATEGIES, Strategy
+    from fedclock.strategies.asynchronous import ArrivalBuffer, UpdateTimes
+    from fedclock.strategies.planners import PerTask, local_sgd_plan
+    from fedclock.strategies.salf import RatioDepths, SalfAggregator
+    from fedclock.train.local import Needs
+
+    seen: list[list[tuple[object, dict[str, torch.Tensor]]]] = []
+
+    class Spy(SalfAggregator):
+        def aggregate(self, ctx, base, contributions):
+            seen.append([(c.task.plan.shape, c.delta) for c in contributions])
+            return super().aggregate(ctx, base, contributions)
+
+    def compose(cfg, info):
+        units = build_units(info.model, info.layers, "paper")
+        layout = Layout.of(info.model, units, info.model_bytes)
+        full = [local_sgd_plan(int(n), 16, local_epochs=None, local_steps=1)
+                for n in info.client_sizes]  # fmt: skip
+        depths = RatioDepths(
+            num_users=len(full), num_units=units.count, ratio=1.0, reference=True
+        )  # every user straggles, depth uniform on 1..L
+        planner = PerTask(SuffixWork(depths=depths, full_plans=full, layout=layout))
+        return Strategy(
+            name="salf-fedbuff", planner=planner,
+            trigger=ArrivalBuffer(UpdateTimes("profile", planner), buffer_size=3),
+            aggregator=Spy(mode="paper", units=units, num_users=3, p_values=[0.0] * units.count),
+            needs=Needs(shapes=frozenset({type(FULL), Suffix}), layout=layout),
+        )  # fmt: skip
+
+    monkeypatch.setitem(STRATEGIES, "fedbuff", dc_replace(STRATEGIES["fedbuff"], build=compose))
+    cfg = load_config(None, [
+        "data.name=digits", "partition.num_clients=8", "model.arch=mlp", "model.hidden=[16]",
+        "train.local_steps=1", "train.local_epochs=null", "train.batch_size=16", "train.lr=0.1",
+        "strategy.name=fedbuff", "strategy.buffer_size=3", "budget.aggregations=12",
+        "population.slowdown.kind=lognormal", "executor.threads=1",
+    ])  # fmt: skip
+    res = run_experiment(cfg, run_dir=tmp_path / "r")
+    assert res.summary["status"] == "completed" and len(seen) == 12
+    assert all(len(batch) == 3 for batch in seen)
+    shapes = [s for batch in seen for s, _ in batch]
+    assert any(s is FULL for s in shapes) and any(isinstance(s, Suffix) for s in shapes)
+    names = list(seen[0][0][1])  # mlp 64-16-10: units 1 and 2 hold two tensors each
+    for shape, delta in (x for batch in seen for x in batch):
+        if isinstance(shape, Suffix):  # a depth-2 task leaves unit 1 untouched
+            assert shape.depth == 2
+            assert all(torch.count_nonzero(delta[n]) == 0 for n in names[:2])
+            assert any(torch.count_nonzero(delta[n]) > 0 for n in names[2:])
+    assert res.history[-1]["test_accuracy"] > res.history[0]["test_accuracy"]

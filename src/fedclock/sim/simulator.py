@@ -42,9 +42,10 @@ import numpy as np
 from fedclock.errors import DivergenceError
 from fedclock.metrics.recorder import federated_metrics
 from fedclock.rng import stream
-from fedclock.sim.types import Contribution, ModelVersion, Task
+from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
 
 if TYPE_CHECKING:
+    from fedclock.devices.cost import TaskCost
     from fedclock.devices.population import Population
 
 _ARRIVAL, _TIMER, _EVAL = 0, 1, 2
@@ -154,12 +155,20 @@ class Context:
         return stream(self._sim.seed, purpose, *ids)
 
     # ---- what the strategy does
-    def prepare(self, client: int, *, base: ModelVersion | None = None) -> Task:
+    def prepare(
+        self,
+        client: int,
+        *,
+        base: ModelVersion | None = None,
+        work: tuple[TaskPlan, TaskCost] | None = None,
+    ) -> Task:
         """Build (but do not dispatch) a task for ``client`` on ``base`` (default: current model).
 
-        Lets a trigger look at the task's timing before deciding how to dispatch it.
+        ``work``: the task's plan and cost when a round's planner decided them (default: the
+        strategy's ``plan`` for the client). Lets a trigger look at the task's timing before
+        deciding how to dispatch it.
         """
-        return self._sim.prepare(client, base or self._sim.model)
+        return self._sim.prepare(client, base or self._sim.model, work)
 
     def dispatch(self, task: Task, *, execute: bool = True) -> Task:
         """Start a prepared task now; its arrival fires at ``task.t_finish``.
@@ -274,8 +283,10 @@ class Simulator:
         elif version == last:
             self._on_last_base[client] += 1
 
-    def prepare(self, client: int, base: ModelVersion) -> Task:
-        plan, cost = self._plan(self.ctx, client)
+    def prepare(
+        self, client: int, base: ModelVersion, work: tuple[TaskPlan, TaskCost] | None = None
+    ) -> Task:
+        plan, cost = self._plan(self.ctx, client) if work is None else work
         k = self._task_count[client]
         task = Task(
             self._next_task_id, client, k, base, plan, cost, self._timing(client, cost, k), self.now

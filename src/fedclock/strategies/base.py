@@ -16,6 +16,7 @@ import numpy as np
 
 from fedclock.devices.cost import TaskCost
 from fedclock.devices.population import Population
+from fedclock.models.shapes import FULL
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, TaskPlan
 from fedclock.train.local import Needs
@@ -23,6 +24,44 @@ from fedclock.train.local import Needs
 
 class Planner(Protocol):
     def plan(self, ctx: Context, client: int) -> tuple[TaskPlan, TaskCost]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What a round asks of one client: a plan and its cost (``None``: nothing to send this
+    round), trained on ``base`` (``None``: the current model)."""
+
+    plan: TaskPlan | None
+    cost: TaskCost | None = None
+    base: ModelVersion | None = None
+
+    @property
+    def partial(self) -> bool:
+        """Less than a full update: the client works until a deadline and sends what it has."""
+        return self.plan is None or self.plan.shape is not FULL
+
+
+class RoundWork(Planner, Protocol):
+    """A planner that decides a synchronous round's work for every participant at once
+    (:class:`fedclock.strategies.triggers.SyncRounds` asks it at each round start);
+    ``plan`` stays the client's full task (the nominal one, e.g. for ``clients.csv``)."""
+
+    def assign(self, ctx: Context, r: int, clients: np.ndarray) -> list[Work]: ...
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One round's straggler draw over all U users: depth d_u (1 = full, L+1 = nothing)
+    and who is a straggler."""
+
+    depths: np.ndarray
+    stragglers: np.ndarray
+
+
+class DepthSource(Protocol):
+    """Who straggles in round ``r``, and how deep each user's backprop gets."""
+
+    def draw(self, ctx: Context, r: int) -> Draw: ...
 
 
 class Trigger(Protocol):

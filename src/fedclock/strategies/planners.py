@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from fedclock.devices.cost import TaskCost
+from fedclock.models.shapes import Layout, Suffix, Width, WorkShape
 from fedclock.sim.simulator import Context
-from fedclock.sim.types import TaskPlan
+from fedclock.sim.types import ModelVersion, TaskPlan
+from fedclock.strategies.base import DepthSource, Draw, Work
 
 
 def local_sgd_plan(
@@ -68,3 +72,127 @@ class LocalSGDPlanner:
             )
             cached = self._plans[size] = (plan, cost)
         return cached
+
+
+# ------------------------------------------------------------------ straggler work
+class StragglerWork:
+    """A round's work for every user from a :class:`~fedclock.strategies.base.DepthSource`
+    draw (SALF's straggler scenarios): subclasses say what a user of depth d, straggler or
+    not, is asked for. Every task's cost is its work shape's (``WorkShape.cost``)."""
+
+    def __init__(
+        self, *, depths: DepthSource | None, full_plans: Sequence[TaskPlan], layout: Layout
+    ) -> None:
+        self.depths = depths
+        self.full_plans = full_plans  # each user's full local task (from its own data size)
+        self.layout = layout
+        self.last: Draw | None = None  # the latest round's draw
+
+    def cost(self, plan: TaskPlan) -> TaskCost:
+        return plan.shape.cost(self.layout, plan.samples)
+
+    def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
+        full = self.full_plans[client]
+        return full, self.cost(full)
+
+    def assign(self, ctx: Context, r: int, clients: np.ndarray) -> list[Work]:
+        draw = self.last = None if self.depths is None else self.depths.draw(ctx, r)
+        out = []
+        for c in clients:
+            c = int(c)
+            d = 1 if draw is None else int(draw.depths[c])
+            straggler = draw is not None and bool(draw.stragglers[c])
+            out.append(self.work(ctx, r, c, d, straggler))
+        return out
+
+    def work(self, ctx: Context, r: int, client: int, depth: int, straggler: bool) -> Work:
+        return self._full(client)  # vanilla FL: a full update from everyone
+
+    def _full(self, client: int, base: ModelVersion | None = None) -> Work:
+        full = self.full_plans[client]
+        return Work(full, self.cost(full), base)
+
+    def _shaped(self, client: int, shape: WorkShape) -> Work:
+        plan = replace(self.full_plans[client], shape=shape)
+        return Work(plan, self.cost(plan))
+
+
+class DropWork(StragglerWork):
+    """drop-stragglers: a straggler sends nothing."""
+
+    def work(self, ctx: Context, r: int, client: int, depth: int, straggler: bool) -> Work:
+        return Work(None) if straggler else self._full(client)
+
+
+class SuffixWork(StragglerWork):
+    """SALF: a user of depth d sends layers d..L (``Suffix(d)``); d = L+1 sends nothing."""
+
+    def work(self, ctx: Context, r: int, client: int, depth: int, straggler: bool) -> Work:
+        if depth > self.layout.units.count:
+            return Work(None)
+        return self._full(client) if depth == 1 else self._shaped(client, Suffix(depth))
+
+
+class WidthWork(StragglerWork):
+    """HeteroFL: a straggler trains the width-r submodel (``Width(r)``)."""
+
+    def __init__(self, *, rate: float, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.rate = rate
+
+    def work(self, ctx: Context, r: int, client: int, depth: int, straggler: bool) -> Work:
+        return self._shaped(client, Width(self.rate)) if straggler else self._full(client)
+
+
+class StaleCycleWork(StragglerWork):
+    """AsyncFL (SALF's baseline): a straggler of depth l downloads the model, then delivers
+    a full update computed on it 2l rounds later (participation every 2l rounds); others
+    deliver every round."""
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self._cycles: dict[int, tuple[ModelVersion, int]] = {}  # client → (stale base, due)
+
+    def work(self, ctx: Context, r: int, client: int, depth: int, straggler: bool) -> Work:
+        cycle = self._cycles.get(client)
+        if cycle is None:
+            if not straggler:
+                return self._full(client)
+            cycle = self._cycles[client] = (ctx.model, r + 2 * depth - 1)
+        stale, due = cycle
+        if r < due:
+            return Work(None)
+        del self._cycles[client]
+        return self._full(client, base=stale)
+
+
+class PerTask:
+    """A round planner's work, one task at a time, for triggers without rounds (FedBuff,
+    FedAsync, …): a task started on model version v gets its client's work from round v's
+    draw (one draw per version, shared by every task started on it). A client with nothing
+    to send in its draw (SALF's depth L+1, a dropped straggler) cannot be given an
+    asynchronous task; a stale base (AsyncFL's cycle) has no meaning without rounds."""
+
+    def __init__(self, work: StragglerWork) -> None:
+        self.work = work
+        self._round = -1
+        self._draw: Draw | None = None
+
+    def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
+        if ctx is None:  # the nominal (full) task
+            return self.work.plan(None, client)
+        r = ctx.model.version
+        if r != self._round:
+            src = self.work.depths
+            self._round, self._draw = r, None if src is None else src.draw(ctx, r)
+        draw = self._draw
+        d = 1 if draw is None else int(draw.depths[client])
+        straggler = draw is not None and bool(draw.stragglers[client])
+        w = self.work.work(ctx, r, client, d, straggler)
+        if w.plan is None or w.base is not None:
+            raise ValueError(
+                f"{type(self.work).__name__} gives client {client} no task it can run "
+                f"asynchronously on model version {r} (depth {d})."
+            )
+        assert w.cost is not None
+        return w.plan, w.cost

@@ -1,10 +1,11 @@
 """SALF (Lang et al., stragglers-aware layer-wise FL) and its four baselines.
 
 See ``docs/methods/salf.md``. The pure math (eq. 8–10) comes first; then the
-depth sources (straggler ratio, deadline), the aggregators (eq. 9, the
-authors' divide-by-U rule, HeteroFL's per-element coverage average) and one
-round-based trigger/planner that serves the five methods ``vanilla``,
-``drop-stragglers``, ``salf``, ``heterofl`` and ``asyncfl``.
+aggregators (eq. 9, the authors' divide-by-U rule, HeteroFL's per-element coverage
+average), the depth sources (straggler ratio, deadline) and the builder that composes the
+five methods ``vanilla``, ``drop-stragglers``, ``salf``, ``heterofl`` and ``asyncfl`` from
+synchronous rounds (``triggers.SyncRounds``) × their work (``planners.StragglerWork`` and
+its subclasses) × an aggregator.
 
 Depth convention (paper): layers 1..L, 1 = input side; a user of depth d
 updates layers d..L; d = 1 is a full update, d = L+1 nothing. A "layer" is a
@@ -17,13 +18,12 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from fedclock.devices.cost import TaskCost
 from fedclock.devices.population import Population
 from fedclock.models.shapes import (
     FULL,
@@ -34,7 +34,15 @@ from fedclock.models.shapes import (
     build_units,
 )
 from fedclock.sim.simulator import Context
-from fedclock.sim.types import Contribution, ModelVersion, Params, Task, TaskPlan
+from fedclock.sim.types import Contribution, ModelVersion, Params, TaskPlan
+from fedclock.strategies.base import Draw
+from fedclock.strategies.planners import (
+    DropWork,
+    StaleCycleWork,
+    StragglerWork,
+    SuffixWork,
+    WidthWork,
+)
 from fedclock.train.local import Needs
 
 log = logging.getLogger(__name__)
@@ -102,7 +110,7 @@ def p_exact_deadline(
 ) -> list[float]:
     """p_l = P(|U^l| = 0) (eq. 9's definition) for l = 1..L in the deadline scenario.
 
-    Mirrors ``StragglerRounds._deadline_depths``: a depth-l task of user u downloads
+    Mirrors ``DeadlineDepths.draw``: a depth-l task of user u downloads
     ``down_bytes``, computes n_u·``flops_per_sample[l−1]`` FLOPs at ``speed[u]`` times this
     round's slowdown s_u, and uploads ``up_bytes[l−1]`` (layers l..L); transfers are not
     slowed. So d_u ≤ l ⇔ s_u·c_{u,l} ≤ avail_{u,l} with c_{u,l} = n_u·flops_l/speed_u and
@@ -262,251 +270,132 @@ class CoverageAggregator:
         return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
 
 
-# --------------------------------------------------------------------- rounds
-@dataclass
-class RoundSetup:
-    method: str
-    mode: str  # paper | reference
-    scenario: str  # ratio | deadline
-    units: Units
-    num_users: int
-    straggler_ratio: float
-    t_max: float | None
-    full_plans: Sequence[TaskPlan]  # each user's full local task (from its own data size)
-    model_bytes: int
-    # the model as work shapes see it (units, tensor shapes, bytes; with
-    # ``charge_full_step`` a reference-mode suffix task is charged the full step it trains)
-    layout: Layout
-    heterofl_rate: float = 0.5
-    fixed: dict[str, Any] = field(default_factory=dict)
+# --------------------------------------------------------------------- depth sources
+class RatioDepths:
+    """The ratio scenario: round(ρ·U) stragglers, drawn before their depths.
 
-
-class StragglerRounds:
-    """Synchronous rounds over all U users with a depth per user per round.
-
-    Acts as both Planner and Trigger: at a round start it draws every user's
-    depth (streams ``("stragglers", ...)``, ``("depths", round)``: common to
-    every method), then dispatches what the method asks of each user; the
-    round closes when every dispatched task has arrived, with one aggregation.
-
-    Deadline scenario: the server sends the model to every user, and a user the
-    method gives nothing to send (SALF: not even the last layer fits; drop-stragglers:
-    any straggler) still works until t_max (SALF, drop-stragglers and HeteroFL; vanilla
-    has no deadline and AsyncFL's stale updates span rounds), so it gets a full task dispatched
-    without execution and cancelled at the deadline (its compute up to t_max is
-    spent and wasted; its device draws its next slowdown next round). A round in
-    which some user could not finish the full task closes at t_max, not earlier,
-    and a task still running then (a HeteroFL submodel too slow) is cut too.
+    ``reference`` (the authors' code): a fixed set (stream ``("stragglers",)``), depth
+    uniform on {1..L} tensors; paper: the set re-drawn each round (``("stragglers", round)``),
+    depth uniform on {1..L+1} units. Depths come from ``("depths", round)`` (common to every
+    method). A member that draws depth 1 is still a straggler: drop-stragglers, HeteroFL and
+    AsyncFL drop, shrink or delay every member, so the effective ratio is the nominal one.
     """
 
-    def __init__(self, setup: RoundSetup) -> None:
-        self.s = setup
-        self.round = 0
-        self._next: dict[int, tuple[TaskPlan, TaskCost]] = {}
-        self._outstanding: dict[int, Task] = {}  # task id → task, this round
-        self._arrived: list[Contribution] = []
-        self._cut: list[Task] = []  # deadline scenario: tasks cancelled at t_max
-        self._deadline: float | None = None  # when the current round closes, if at t_max
-        # AsyncFL: client → (stale base, round at which it delivers)
-        self._cycles: dict[int, tuple[ModelVersion, int, int]] = {}
-        self.stragglers = np.zeros(setup.num_users, dtype=bool)  # this round's, by depths()
+    def __init__(self, *, num_users: int, num_units: int, ratio: float, reference: bool) -> None:
+        self.num_users, self.num_units = num_users, num_units
+        self.ratio, self.reference = ratio, reference
+        self._fixed: np.ndarray | None = None
 
-    # ---- planner
-    def cost(self, plan: TaskPlan) -> TaskCost:
-        """What a task costs on the clock: its work shape's cost (``WorkShape.cost``)."""
-        return plan.shape.cost(self.s.layout, plan.samples)
+    def draw(self, ctx: Context, r: int) -> Draw:
+        U, L = self.num_users, self.num_units
+        m = round(self.ratio * U)
+        if self.reference:
+            if self._fixed is None:
+                self._fixed = np.sort(ctx.rng("stragglers").choice(U, size=m, replace=False))
+            who = self._fixed
+            draws = ctx.rng("depths", r).integers(1, L + 1, size=U)
+        else:
+            who = np.sort(ctx.rng("stragglers", r).choice(U, size=m, replace=False))
+            draws = ctx.rng("depths", r).integers(1, L + 2, size=U)
+        depths = np.ones(U, dtype=np.int64)
+        depths[who] = draws[who]
+        stragglers = np.zeros(U, dtype=bool)
+        stragglers[who] = True
+        return Draw(depths, stragglers)
 
-    def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
-        got = self._next.get(client)
-        if got is None:
-            full = self.s.full_plans[client]
-            return full, self.cost(full)
-        return got
+    def p_exact(self, population: Population | None = None) -> list[float]:
+        """P(|U^l| = 0), l = 1..L, under this draw (:func:`p_exact_ratio`)."""
+        L, U, m = self.num_units, self.num_users, round(self.ratio * self.num_users)
+        return [
+            p_exact_ratio(layer, L, U, m, reference=self.reference) for layer in range(1, L + 1)
+        ]
 
-    # ---- depth sources
-    def depths(self, ctx: Context) -> np.ndarray:
-        """Depth per user this round (1 = full, L+1 = nothing); sets ``self.stragglers``.
 
-        Who is a straggler: in the ratio scenario, the members of the drawn set (fixed in
-        reference mode, re-drawn each round in paper mode), whatever depth they draw —
-        drop-stragglers, HeteroFL and AsyncFL drop, shrink or delay every member, so the
-        effective ratio is the nominal one (a member that draws depth 1 is still a
-        straggler; SALF gives it a full task, as its depth says). In the deadline
-        scenario, the users with depth > 1 (a user that reached the input layer finished
-        in time).
-        """
-        s, L, U = self.s, self.s.units.count, self.s.num_users
-        if s.scenario == "deadline":
-            d = self._deadline_depths(ctx)
-            self.stragglers = d > 1
-            return d
-        m = round(s.straggler_ratio * U)
-        d = np.ones(U, dtype=np.int64)
-        if s.mode == "reference":  # fixed straggler set, k uniform on {1..L} tensors
-            if "set" not in s.fixed:
-                g = ctx.rng("stragglers")
-                s.fixed["set"] = np.sort(g.choice(U, size=m, replace=False))
-            stragglers = s.fixed["set"]
-            draws = ctx.rng("depths", self.round).integers(1, L + 1, size=U)
-        else:  # re-drawn each round, depth uniform on {1..L+1}
-            stragglers = np.sort(ctx.rng("stragglers", self.round).choice(U, size=m, replace=False))
-            draws = ctx.rng("depths", self.round).integers(1, L + 2, size=U)
-        d[stragglers] = draws[stragglers]
-        # the set is decided before the depth draw (a depth-1 member is still a straggler)
-        self.stragglers = np.zeros(U, dtype=bool)
-        self.stragglers[stragglers] = True
-        return d
+class DeadlineDepths:
+    """The deadline scenario: each user's depth is the smallest d whose task (download,
+    forward, backward of units d..L, upload of units d..L) fits in ``t_max`` at this
+    round's slowdown — timed exactly as the dispatched task will be (L+1 if not even the
+    last unit fits). The stragglers are the users with depth > 1."""
 
-    def _deadline_depths(self, ctx: Context) -> np.ndarray:
-        """Each user's depth: the smallest d whose task (download, forward, backward of
-        units d..L, upload of units d..L) fits in t_max at this round's slowdown — timed
-        exactly as the dispatched task will be (L+1 if not even the last unit fits)."""
-        s = self.s
-        assert s.t_max is not None
-        L = s.units.count
-        out = np.full(s.num_users, L + 1, dtype=np.int64)
-        timing = ctx.population.timing
-        for c in range(s.num_users):
-            self._next.pop(c, None)
+    def __init__(self, *, t_max: float, full_plans: Sequence[TaskPlan], layout: Layout) -> None:
+        self.t_max, self.full_plans, self.layout = t_max, full_plans, layout
+
+    def _task(self, client: int, depth: int) -> TaskPlan:
+        full = self.full_plans[client]
+        return full if depth == 1 else replace(full, shape=Suffix(depth))
+
+    def draw(self, ctx: Context, r: int) -> Draw:
+        L = self.layout.units.count
+        depths = np.full(len(self.full_plans), L + 1, dtype=np.int64)
+        timing, layout = ctx.population.timing, self.layout
+        for c in range(len(self.full_plans)):
             k = ctx.prepare(c).k  # the round's task counter: it keys the slowdown draw
-            full = s.full_plans[c]
             durations = [
-                timing(c, self.cost(replace(full, shape=Suffix(d)) if d > 1 else full), k).duration
+                timing(c, (plan := self._task(c, d)).shape.cost(layout, plan.samples), k).duration
                 for d in range(1, L + 1)
             ]
-            out[c] = deadline_depth(durations, s.t_max)
-        return out
+            depths[c] = deadline_depth(durations, self.t_max)
+        return Draw(depths, depths > 1)
 
-    # ---- trigger
-    def on_start(self, ctx: Context) -> None:
-        self._start_round(ctx)
-
-    def _start_round(self, ctx: Context) -> None:
-        while True:
-            depths = self.depths(ctx)
-            self._dispatch_round(ctx, depths)
-            if self._outstanding or self._deadline is not None or ctx.stopping:
-                return
-            ctx.commit([])  # nobody computes anything this round: the model is kept
-            self.round += 1
-            if ctx.stopping:
-                return
-
-    def _dispatch_round(self, ctx: Context, depths: np.ndarray) -> None:
-        s, L = self.s, self.s.units.count
-        self._arrived, self._outstanding, self._cut = [], {}, []
-        # vanilla has no deadline; AsyncFL's stale updates span rounds (see the docs)
-        deadline = s.scenario == "deadline" and s.method in ("salf", "drop-stragglers", "heterofl")
-        self._deadline = None
-        for c in range(s.num_users):
-            full = s.full_plans[c]
-            d = int(depths[c])
-            straggler = bool(self.stragglers[c])
-            base: ModelVersion | None = None
-            plan: TaskPlan | None = full
-            if s.method == "vanilla":
-                pass
-            elif s.method == "drop-stragglers":
-                plan = None if straggler else full
-            elif s.method == "salf":
-                plan = None if d > L else (replace(full, shape=Suffix(d)) if d > 1 else full)
-            elif s.method == "heterofl":
-                plan = replace(full, shape=Width(s.heterofl_rate)) if straggler else full
-            elif s.method == "asyncfl":
-                plan, base = self._asyncfl(ctx, c, d, straggler)
-            if plan is None:
-                if deadline:  # works until t_max, sends nothing
-                    self._cut.append(ctx.dispatch(ctx.prepare(c), execute=False))
-                continue
-            self._next[c] = (plan, self.cost(plan))
-            task = ctx.prepare(c, base=base)
-            ctx.dispatch(task)
-            self._outstanding[task.task_id] = task
-        self._next.clear()
-        if deadline and (self._cut or bool((depths > 1).any())):
-            assert s.t_max is not None
-            self._deadline = ctx.now + s.t_max
-            ctx.set_timer(self._deadline, ("deadline", self.round))
-
-    def _asyncfl(
-        self, ctx: Context, c: int, d: int, straggler: bool
-    ) -> tuple[TaskPlan | None, ModelVersion | None]:
-        """A straggler of depth l downloads the model, then delivers a full update computed
-        on it 2l rounds later (participation every 2l rounds); others deliver every round."""
-        cycle = self._cycles.get(c)
-        if cycle is None:
-            if not straggler:
-                return self.s.full_plans[c], None
-            cycle = (ctx.model, self.round, self.round + 2 * d - 1)
-            self._cycles[c] = cycle
-        stale, _, due = cycle
-        if self.round < due:
-            return None, None
-        del self._cycles[c]
-        return self.s.full_plans[c], stale
-
-    def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
-        self._outstanding.pop(contribution.task.task_id, None)
-        self._arrived.append(contribution)
-        if not self._outstanding and self._deadline is None:
-            self._close_round(ctx)
-
-    def _close_round(self, ctx: Context) -> None:
-        ctx.commit(sorted(self._arrived, key=lambda c: c.client))
-        self.round += 1
-        if not ctx.stopping:
-            self._start_round(ctx)
-
-    def on_timer(self, ctx: Context, tag: Any) -> None:
-        """The deadline of round ``tag[1]``: cut everyone still working, aggregate what arrived."""
-        if tag != ("deadline", self.round):
-            return
-        for task in self._cut:
-            ctx.cancel(task)
-        for task in self._outstanding.values():  # float round-off past t_max: late
-            ctx.cancel(task)
-        self._outstanding.clear()
-        self._deadline = None
-        self._close_round(ctx)
+    def p_exact(self, population: Population | None = None) -> list[float]:
+        """P(|U^l| = 0), l = 1..L (:func:`p_exact_deadline`): needs the ``population``
+        (speeds, bandwidths, slowdown)."""
+        if population is None:
+            raise ValueError("p_rule 'exact' in the deadline scenario needs the population")
+        L = self.layout.units.count
+        # one sample's depth-l task, l = 1..L: the same shapes and costs the rounds dispatch
+        per_sample = [(FULL if d == 1 else Suffix(d)).cost(self.layout, 1) for d in range(1, L + 1)]
+        return p_exact_deadline(
+            t_max=self.t_max, speed=population.speed.tolist(),
+            up_bandwidth=population.up_bandwidth.tolist(),
+            down_bandwidth=population.down_bandwidth.tolist(),
+            slowdown_kind=population.slowdown_kind, slowdown_sigma=population.slowdown_sigma,
+            samples=[plan.samples for plan in self.full_plans],
+            flops_per_sample=[c.flops for c in per_sample], down_bytes=self.layout.model_bytes,
+            up_bytes=[c.bytes_up for c in per_sample],
+        )  # fmt: skip
 
 
-def p_values(setup: RoundSetup, rule: str, population: Population | None = None) -> list[float]:
-    """p_l, l = 1..L, for ``rule`` exact / eq10 / zero (non-SALF methods always use 0).
+def p_values(
+    rule: str, depths: RatioDepths | DeadlineDepths, population: Population | None = None
+) -> list[float]:
+    """SALF's p_l, l = 1..L (eq. 9), for ``rule`` exact / eq10 / zero.
 
-    ``exact`` in the deadline scenario needs the ``population`` (speeds, bandwidths, slowdown).
+    ``exact`` is P(|U^l| = 0) under the depth source's own draw; the deadline scenario's
+    needs the ``population`` (speeds, bandwidths, slowdown).
     """
-    L, U = setup.units.count, setup.num_users
-    if rule == "zero" or setup.method != "salf":
+    if isinstance(depths, RatioDepths):
+        L, U = depths.num_units, depths.num_users
+    else:
+        L, U = depths.layout.units.count, len(depths.full_plans)
+    if rule == "zero":
         return [0.0] * L
     if rule == "eq10":
         return [p_eq10(layer, L, U) for layer in range(1, L + 1)]
-    if setup.scenario == "ratio":
-        m = round(setup.straggler_ratio * U)
-        ref = setup.mode == "reference"
-        return [p_exact_ratio(layer, L, U, m, reference=ref) for layer in range(1, L + 1)]
-    # deadline: each user's depth follows from its speed, bandwidths and slowdown draw
-    if population is None:
-        raise ValueError("p_rule 'exact' in the deadline scenario needs the population")
-    assert setup.t_max is not None
-    # one sample's depth-l task, l = 1..L: the same shapes and costs the rounds dispatch
-    per_sample = [(FULL if d == 1 else Suffix(d)).cost(setup.layout, 1) for d in range(1, L + 1)]
-    return p_exact_deadline(
-        t_max=setup.t_max, speed=population.speed.tolist(),
-        up_bandwidth=population.up_bandwidth.tolist(),
-        down_bandwidth=population.down_bandwidth.tolist(), slowdown_kind=population.slowdown_kind,
-        slowdown_sigma=population.slowdown_sigma,
-        samples=[plan.samples for plan in setup.full_plans],
-        flops_per_sample=[c.flops for c in per_sample], down_bytes=setup.model_bytes,
-        up_bytes=[c.bytes_up for c in per_sample],
-    )  # fmt: skip
+    return depths.p_exact(population)
 
 
 # --------------------------------------------------------------------- builder
+# each method: its work planner and whether its rounds keep the scenario's deadline
+# (vanilla has none; AsyncFL's stale updates span rounds, see the docs)
+WORK: dict[str, tuple[type[StragglerWork], bool]] = {
+    "vanilla": (StragglerWork, False),
+    "drop-stragglers": (DropWork, True),
+    "salf": (SuffixWork, True),
+    "heterofl": (WidthWork, True),
+    "asyncfl": (StaleCycleWork, False),
+}
+
+
 def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
-    """The Strategy for ``method`` under ``cfg.salf`` (scenario, mode, p_rule)."""
+    """The Strategy for ``method`` under ``cfg.salf`` (scenario, mode, p_rule): synchronous
+    rounds over every user (:class:`SyncRounds`) × the method's work from the scenario's
+    depth source × eq. 9 (the authors' divide-by-U in reference mode; HeteroFL's per-element
+    coverage average)."""
     from fedclock.errors import ConfigError
     from fedclock.strategies.base import Strategy
     from fedclock.strategies.planners import local_sgd_plan
+    from fedclock.strategies.triggers import SyncRounds
 
     sc = cfg.salf
     if sc.scenario is None:
@@ -515,10 +404,8 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
             "or 'deadline' (strategy.t_max)."
         )
     t_max = getattr(cfg.strategy, "t_max", None)  # vanilla's options have none: no deadline
-    if sc.scenario == "deadline" and t_max is None:
-        if method != "vanilla":
-            raise ConfigError("salf.scenario 'deadline' needs a deadline: set strategy.t_max.")
-        t_max = math.inf  # every user's full update fits: the depths it never uses are all 1
+    if sc.scenario == "deadline" and t_max is None and method != "vanilla":
+        raise ConfigError("salf.scenario 'deadline' needs a deadline: set strategy.t_max.")
     if info.model is None:
         raise ConfigError(f"Strategy '{method}' needs the model in BuildInfo.")
     if method == "heterofl" and any(True for _ in info.model.buffers()):
@@ -532,38 +419,54 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
         )
     units = build_units(info.model, info.layers, sc.mode)
     sizes = info.client_sizes
+    U = len(sizes)
     t = cfg.train
     by_size = {
         n: local_sgd_plan(n, t.batch_size, local_epochs=t.local_epochs, local_steps=t.local_steps)
         for n in {int(v) for v in sizes}
     }
-    setup = RoundSetup(
-        method=method, mode=sc.mode, scenario=sc.scenario, units=units, num_users=len(sizes),
-        straggler_ratio=cfg.population.straggler_ratio, t_max=t_max,
-        full_plans=[by_size[int(n)] for n in sizes], model_bytes=info.model_bytes,
-        layout=Layout.of(
-            info.model, units, info.model_bytes,
-            charge_full_step=sc.mode == "reference" and sc.charge == "work",
-        ),
-        heterofl_rate=sc.heterofl_rate,
+    full_plans = [by_size[int(n)] for n in sizes]
+    # the model as work shapes see it (with ``charge_full_step`` a reference-mode suffix
+    # task is charged the full step it trains)
+    layout = Layout.of(
+        info.model, units, info.model_bytes,
+        charge_full_step=sc.mode == "reference" and sc.charge == "work",
     )  # fmt: skip
-    rounds = StragglerRounds(setup)
+    depths: RatioDepths | DeadlineDepths
+    if sc.scenario == "ratio":
+        depths = RatioDepths(
+            num_users=U, num_units=units.count, ratio=cfg.population.straggler_ratio,
+            reference=sc.mode == "reference",
+        )  # fmt: skip
+    else:
+        # vanilla has no deadline: every depth would be 1 (and it draws none)
+        t = math.inf if t_max is None else t_max
+        depths = DeadlineDepths(t_max=t, full_plans=full_plans, layout=layout)
+    kind, keeps_deadline = WORK[method]
+    extra = {"rate": sc.heterofl_rate} if method == "heterofl" else {}
+    work = kind(
+        depths=None if method == "vanilla" else depths, full_plans=full_plans, layout=layout,
+        **extra,
+    )  # fmt: skip
+    rounds = SyncRounds(t_max=t_max if keeps_deadline and sc.scenario == "deadline" else None,
+                        work=work)  # fmt: skip
     aggregator: Any
     if method == "heterofl":
-        aggregator = CoverageAggregator(setup.layout)
+        aggregator = CoverageAggregator(layout)
     else:
+        rule = sc.p_rule if method == "salf" else "zero"  # the others: a plain mean
         population = info.population
-        if population is None and sc.scenario == "deadline" and sc.p_rule == "exact":
+        if population is None and sc.scenario == "deadline" and rule == "exact":
             # the experiment's own population, rebuilt from its config (same seed, same arrays)
             from fedclock.devices import build_population
 
-            population = build_population(cfg.population, len(sizes), cfg.seed)
-        p = p_values(setup, sc.p_rule, population)
-        log.debug("%s p_l (p_rule %s, scenario %s): %s", method, sc.p_rule, sc.scenario, p)
-        aggregator = SalfAggregator(mode=sc.mode, units=units, num_users=len(sizes), p_values=p)
+            population = build_population(cfg.population, U, cfg.seed)
+        p = p_values(rule, depths, population)
+        log.debug("%s p_l (p_rule %s, scenario %s): %s", method, rule, sc.scenario, p)
+        aggregator = SalfAggregator(mode=sc.mode, units=units, num_users=U, p_values=p)
     needs = Needs(
-        shapes=frozenset({type(FULL), Suffix, Width}),  # what StragglerRounds may dispatch
-        layout=setup.layout, suffix_trains_fully=sc.mode == "reference",
+        shapes=frozenset({type(FULL), Suffix, Width}),  # what the work planners dispatch
+        layout=layout, suffix_trains_fully=sc.mode == "reference",
         momentum_per_client=sc.mode == "reference",
     )  # fmt: skip
-    return Strategy(name=method, planner=rounds, trigger=rounds, aggregator=aggregator, needs=needs)
+    return Strategy(name=method, planner=work, trigger=rounds, aggregator=aggregator, needs=needs)

@@ -9,6 +9,7 @@ import numpy as np
 
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, Task
+from fedclock.strategies.base import RoundWork, Work
 
 
 def select_clients(
@@ -39,44 +40,92 @@ class SyncRounds:
     and the clients start the next round on the new model (drop-stragglers,
     SALF eq. 4). A task whose duration already exceeds ``t_max`` is dispatched
     without running its training compute, as its result could never be used.
+
+    ``work`` (a :class:`~fedclock.strategies.base.RoundWork` planner) decides each
+    participant's work per round (the SALF family: a layer suffix, a width slice, nothing,
+    a stale full update). Under a deadline a participant with partial work works until
+    ``t_max`` and sends what it has then, so such a round closes at ``t_max``; one with
+    nothing to send still computes until ``t_max`` (a full task dispatched without its
+    training compute and cancelled then: spent and wasted). A round in which nobody has
+    anything to send and no deadline runs is aggregated at once (an empty commit).
     """
 
-    def __init__(self, *, client_fraction: float = 1.0, t_max: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        client_fraction: float = 1.0,
+        t_max: float | None = None,
+        work: RoundWork | None = None,
+    ) -> None:
         self.client_fraction = client_fraction
         self.t_max = t_max
+        self.work = work
         self.round = 0
         self._outstanding: dict[int, Task] = {}
         self._arrived: list[Contribution] = []
+        self._cut: list[Task] = []  # participants with nothing to send, working until t_max
+        self._hold = False  # the round closes at its deadline, not at the last arrival
 
     def on_start(self, ctx: Context) -> None:
         self._start_round(ctx)
 
     def _start_round(self, ctx: Context) -> None:
+        while not self._dispatch_round(ctx) and not ctx.stopping:
+            ctx.commit([])  # nobody has anything to send this round: the model is kept
+            self.round += 1
+            if ctx.stopping:
+                return
+
+    def _dispatch_round(self, ctx: Context) -> bool:
+        """Start round ``self.round``; False if it has nothing to wait for."""
         r = self.round
         clients = select_clients(
             lambda: ctx.rng("select", r), ctx.num_clients, self.client_fraction
         )
         self._arrived = []
         self._outstanding = {}
+        self._cut = []
         deadline = None if self.t_max is None else ctx.now + self.t_max
-        for c in clients:
-            task = ctx.prepare(int(c))
+        hold = late_any = False
+        if self.work is None:
+            works: list[Work] | None = None
+        else:
+            works = self.work.assign(ctx, r, clients)
+        for i, c in enumerate(clients):
+            if works is None:
+                task = ctx.prepare(int(c))
+            else:
+                w = works[i]
+                if deadline is not None and w.partial:
+                    hold = True
+                if w.plan is None:
+                    if deadline is not None:  # works until t_max, sends nothing
+                        self._cut.append(ctx.dispatch(ctx.prepare(int(c)), execute=False))
+                    continue
+                assert w.cost is not None
+                task = ctx.prepare(int(c), base=w.base, work=(w.plan, w.cost))
             # compare arrival and deadline as the event heap will (same float sums)
             late = deadline is not None and task.t_finish > deadline
+            late_any |= late
             ctx.dispatch(task, execute=not late)
             self._outstanding[task.task_id] = task
-        if deadline is not None:
-            ctx.set_timer(deadline, self.round)
+        self._hold = hold
+        if deadline is not None and (hold or late_any):
+            ctx.set_timer(deadline, r)
+            return True
+        return bool(self._outstanding)
 
     def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
         del self._outstanding[contribution.task.task_id]
         self._arrived.append(contribution)
-        if not self._outstanding:
+        if not self._outstanding and not self._hold:
             self._close(ctx)
 
     def on_timer(self, ctx: Context, tag: Any) -> None:
         if tag != self.round:  # the round already closed when everyone arrived
             return
+        for task in self._cut:
+            ctx.cancel(task)
         for task in self._outstanding.values():
             ctx.cancel(task)
         self._outstanding = {}
