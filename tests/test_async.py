@@ -10,6 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedclock.config import load_config
 from fedclock.devices import TaskCost, build_population
@@ -30,6 +32,7 @@ from fedclock.strategies import (
     WeightRule,
 )
 from fedclock.strategies.asynchronous import ConstantWeight
+from fedclock.strategies.server import ServerOptimizer
 from fedclock.strategies.weights import (
     Staleness,
     fedbuff_weights,
@@ -134,7 +137,7 @@ def _contribution(client: int, delta: float, base: ModelVersion | None = None) -
 def test_step_aggregator_applies_eq6_with_stale_deltas():
     old = ModelVersion(2, {"w": torch.tensor([0.0])})
     base = ModelVersion(4, {"w": torch.tensor([1.0])})
-    agg = StepAggregator(ConstantWeight(0.5), server_lr=2.0)
+    agg = StepAggregator(ConstantWeight(0.5), server=ServerOptimizer(lr=2.0))
     cs = [_contribution(0, 2.0, old), _contribution(1, -1.0, base)]
     new = agg.aggregate(None, base, cs)  # type: ignore[arg-type]
     # 1 + 2 · (0.5·2 + 0.5·(−1)) = 2 — the stale Δ is added as it is
@@ -151,11 +154,49 @@ def test_step_aggregator_staleness_weight_and_momentum():
     new = agg.aggregate(None, base, [c])  # type: ignore[arg-type]
     assert c.weight == pytest.approx(0.5)  # staleness 3: (1+3)^-0.5
     assert new.params["w"].item() == pytest.approx(1.0)
-    mom = StepAggregator(ConstantWeight(1.0), server_momentum=0.5)
+    mom = StepAggregator(ConstantWeight(1.0), server=ServerOptimizer(momentum=0.5))
     v1 = mom.aggregate(None, base, [_contribution(0, 1.0, base)])  # type: ignore[arg-type]
     v2 = mom.aggregate(None, v1, [_contribution(0, 1.0, v1)])  # type: ignore[arg-type]
     assert v1.params["w"].item() == pytest.approx(1.0)
     assert v2.params["w"].item() == pytest.approx(2.5)  # v = 0.5·1 + 1
+
+
+def test_server_optimizer_steps_hand_computed():
+    """FedAvg (SGD), FedAvgM (momentum) and FedAdam steps on Δ = 1, then Δ = 2 (float64)."""
+    theta = {"w": torch.tensor([0.5], dtype=torch.float64)}
+    one, two = ({"w": torch.tensor([v], dtype=torch.float64)} for v in (1.0, 2.0))
+    sgd = ServerOptimizer(lr=0.5)
+    assert sgd.step(theta, one)["w"].item() == 1.0  # 0.5 + 0.5·1
+    # FedAvgM: v = 1, θ = 0.5 + 0.5·1 = 1; v = 0.9·1 + 2 = 2.9, θ = 1 + 0.5·2.9 = 2.45
+    m = ServerOptimizer(lr=0.5, momentum=0.9)
+    t1 = m.step(theta, one)
+    assert t1["w"].item() == pytest.approx(1.0, abs=1e-15)
+    assert m.step(t1, two)["w"].item() == pytest.approx(2.45, abs=1e-15)
+    # FedAdam (torch's bias correction): step 1 moves by η·m̂/(√v̂ + τ) = η·1/(1 + τ)
+    adam = ServerOptimizer("adam", lr=0.1, momentum=0.9, beta2=0.99, eps=1e-3)
+    a1 = adam.step(theta, one)
+    assert a1["w"].item() == pytest.approx(0.5 + 0.1 / (1 + 1e-3), abs=1e-15)
+    # step 2: m = 0.9·0.1 + 0.1·2 = 0.29, v = 0.99·0.01 + 0.01·4 = 0.0499; m̂ = m/0.19,
+    # v̂ = v/(1 − 0.99²) = v/0.0199
+    m_hat, v_hat = 0.29 / (1 - 0.9**2), 0.0499 / (1 - 0.99**2)
+    want = a1["w"].item() + 0.1 * m_hat / (math.sqrt(v_hat) + 1e-3)
+    assert adam.step(a1, two)["w"].item() == pytest.approx(want, abs=1e-14)
+    assert torch.equal(theta["w"], torch.tensor([0.5], dtype=torch.float64))  # versions intact
+
+
+@settings(max_examples=30, deadline=None)
+@given(lr=st.floats(0.01, 4.0), seed=st.integers(0, 2**16))
+def test_stateless_server_step_is_torch_sgd_bit_for_bit(lr: float, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    theta = {"a": torch.randn(7, generator=g), "b": torch.randn(3, 2, generator=g)}
+    delta = {k: torch.randn(v.shape, generator=g) for k, v in theta.items()}
+    fast = ServerOptimizer(lr=lr).step(theta, delta)
+    ref = {k: v.clone() for k, v in theta.items()}
+    opt = torch.optim.SGD(list(ref.values()), lr=lr)
+    for k, p in ref.items():
+        p.grad = -delta[k]
+    opt.step()
+    assert all(torch.equal(fast[k], ref[k]) for k in theta)
 
 
 def test_fedasync_mixing_hand_computed():
@@ -691,3 +732,24 @@ def test_fedprox_pulls_local_models_towards_the_global_one(tmp_path, monkeypatch
 def test_fedprox_mu_is_not_a_fedavg_field():
     with pytest.raises(ConfigError, match=r"strategy\.mu.*fedprox.*fedavg"):
         load_config(raw=tiny(strategy={"name": "fedavg", "mu": 0.1}))
+
+
+@pytest.mark.parametrize(
+    ("name", "server"),
+    [
+        ("fedavg", {"server_optimizer": "adam", "server_lr": 0.03, "server_momentum": 0.9}),
+        ("fedavg", {"server_momentum": 0.5}),
+        ("fedbuff", {"server_optimizer": "adam", "server_lr": 0.01, "buffer_size": 2}),
+    ],
+)
+def test_server_optimizers_run_end_to_end(tmp_path, name: str, server: dict) -> None:
+    """FedAdam and FedAvgM from the config: they learn, and differ from plain FedAvg."""
+    budget = {"aggregations": 8}
+    base = tiny_raw(strategy={"name": name, "buffer_size": server.get("buffer_size")},
+                    budget=budget)  # fmt: skip
+    plain = run_experiment(load_config(raw=base), run_dir=tmp_path / "plain")
+    raw = tiny_raw(strategy={"name": name, **server}, budget=budget)
+    res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "opt")
+    first, last = res.history[0], res.history[-1]
+    assert last["test_loss"] < first["test_loss"]
+    assert last["test_loss"] != plain.history[-1]["test_loss"]

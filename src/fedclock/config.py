@@ -229,8 +229,32 @@ class StrategyOptions(BaseModel):
         return given[field] if field in given else cls.model_fields[field].default
 
 
+# ---- the server step (strategies/server.py)
+class _ServerOptions(StrategyOptions):
+    """The strategies whose server step is a torch optimizer over the aggregated update."""
+
+    server_optimizer: Literal["sgd", "adam"] = Field(
+        "sgd",
+        description="server step on the aggregated update Δ: sgd (θ + η_g Δ; FedAvgM with "
+        "server_momentum) or adam (FedAdam, Reddi et al.)",
+    )
+    server_momentum: float = Field(
+        0.0, ge=0, lt=1, description="server momentum β (sgd; 0 = none), Adam's β₁ (adam)"
+    )
+    server_beta2: float = Field(0.99, gt=0, lt=1, description="Adam's β₂ (server_optimizer adam)")
+    server_eps: float = Field(
+        1e-3, gt=0, description="Adam's τ (ε) of θ + η_g m/(√v + τ) (server_optimizer adam)"
+    )
+
+    @classmethod
+    def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
+        if cls.option(cfg, "server_optimizer") == "sgd":
+            return frozenset({"strategy.server_beta2", "strategy.server_eps"})
+        return frozenset()
+
+
 # ---- synchronous rounds
-class _RoundOptions(StrategyOptions):
+class _RoundOptions(_ServerOptions):
     """fedavg and drop-stragglers: rounds over a fraction of the clients."""
 
     client_fraction: float = Field(
@@ -263,17 +287,17 @@ class DropStragglersOptions(_RoundOptions):
     def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
         scenario = cfg.salf.scenario
         if scenario is None:  # FedAvg under a deadline
-            return frozenset({"salf.mode", "salf.charge", "population.straggler_ratio"})
+            return super().unread(cfg) | {"salf.mode", "salf.charge", "population.straggler_ratio"}
         # SALF's rounds: every user each round, a plain mean; depths from the scenario
         depth_source = "strategy.t_max" if scenario == "ratio" else "population.straggler_ratio"
-        return frozenset({"strategy.client_fraction", "strategy.server_lr", depth_source})
+        server = {f"strategy.{f}" for f in _ServerOptions.model_fields if f.startswith("server_")}
+        return frozenset({"strategy.client_fraction", "strategy.server_lr", depth_source, *server})
 
 
 # ---- asynchronous (docs/methods/async.md)
-class AsyncOptions(StrategyOptions):
+class AsyncOptions(_ServerOptions):
     """Every asynchronous strategy: clients kept busy, staleness-aware server steps."""
 
-    server_momentum: float = Field(0.0, ge=0, lt=1, description="server momentum β (0 = none)")
     staleness: Literal["constant", "polynomial", "hinge"] = Field(
         "constant", description="staleness function s: FedAsync's α·s, a factor on d_i otherwise"
     )
@@ -292,11 +316,12 @@ class AsyncOptions(StrategyOptions):
     @classmethod
     def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
         kind = cls.option(cfg, "staleness")
+        server = super().unread(cfg)
         if kind == "constant":
-            return frozenset(
-                {"strategy.staleness_a", "strategy.staleness_b", "strategy.staleness_normalize_at"}
-            )
-        return frozenset({"strategy.staleness_b"}) if kind == "polynomial" else frozenset()
+            return server | {
+                "strategy.staleness_a", "strategy.staleness_b", "strategy.staleness_normalize_at"
+            }  # fmt: skip
+        return server | ({"strategy.staleness_b"} if kind == "polynomial" else set())
 
 
 class WeightedAsyncOptions(AsyncOptions):

@@ -27,7 +27,6 @@ from fedclock.strategies.aggregators import FedAvgAggregator, fedavg_weights
 from fedclock.strategies.asynchronous import (
     ArrivalBuffer,
     FixedPeriod,
-    RecordingFedAvgAggregator,
     StepAggregator,
     UpdateTimes,
     WeightRule,
@@ -36,6 +35,7 @@ from fedclock.strategies.asynchronous import (
 from fedclock.strategies.base import BuildInfo, Strategy
 from fedclock.strategies.planners import LocalSGDPlanner, local_sgd_plan
 from fedclock.strategies.salf import build_salf_family
+from fedclock.strategies.server import ServerOptimizer, server_optimizer
 from fedclock.strategies.triggers import SyncRounds, select_clients
 from fedclock.train.local import Needs
 
@@ -77,7 +77,7 @@ def _fedavg(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         name="fedavg",
         planner=_local_sgd(cfg, info),
         trigger=SyncRounds(client_fraction=s.client_fraction),
-        aggregator=RecordingFedAvgAggregator(weights=s.weights, server_lr=s.server_lr),
+        aggregator=FedAvgAggregator(weights=s.weights, server=server_optimizer(s, lr=s.server_lr)),
         needs=Needs(synchronous=True),
     )
 
@@ -91,7 +91,7 @@ def _fedprox(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         name="fedprox",
         planner=_local_sgd(cfg, info),
         trigger=SyncRounds(client_fraction=s.client_fraction),
-        aggregator=RecordingFedAvgAggregator(weights=s.weights, server_lr=s.server_lr),
+        aggregator=FedAvgAggregator(weights=s.weights, server=server_optimizer(s, lr=s.server_lr)),
         needs=Needs(synchronous=True, proximal_mu=s.mu),
     )
 
@@ -109,7 +109,7 @@ def _drop_stragglers(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         name="drop-stragglers",
         planner=_local_sgd(cfg, info),
         trigger=SyncRounds(client_fraction=s.client_fraction, t_max=s.t_max),
-        aggregator=RecordingFedAvgAggregator(weights=s.weights, server_lr=s.server_lr),
+        aggregator=FedAvgAggregator(weights=s.weights, server=server_optimizer(s, lr=s.server_lr)),
         needs=Needs(synchronous=True, deadline=s.t_max),
     )
 
@@ -221,7 +221,7 @@ __all__ = [
     "FedAvgAggregator",
     "FixedPeriod",
     "LocalSGDPlanner",
-    "RecordingFedAvgAggregator",
+    "ServerOptimizer",
     "StepAggregator",
     "Strategy",
     "StrategySpec",

@@ -9,6 +9,7 @@ import torch
 
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion
+from fedclock.strategies.server import ServerOptimizer
 
 
 def fedavg_weights(num_samples: Sequence[int], scheme: str) -> np.ndarray:
@@ -24,7 +25,10 @@ def fedavg_weights(num_samples: Sequence[int], scheme: str) -> np.ndarray:
 def weighted_delta(
     contributions: Sequence[Contribution], weights: np.ndarray
 ) -> dict[str, torch.Tensor]:
-    """Σ_i w_i Δ_i over the parameter tensors."""
+    """Σ_i w_i Δ_i over the parameter tensors — the weighted-sum core of every FedAvg-style
+    aggregator — recording w_i as each contribution's ``weight``."""
+    for c, w in zip(contributions, weights.tolist(), strict=True):
+        c.weight = w
     names = list(contributions[0].delta)
     if not names:
         return {}
@@ -52,15 +56,18 @@ def average_buffers(
 
 
 class FedAvgAggregator:
-    """θ ← θ + η_g Σ_i p_i Δ_i with p_i ∝ n_i (or uniform) over the committed updates.
+    """θ ← server step with Δ = Σ_i p_i Δ_i, p_i ∝ n_i (or uniform), over the committed
+    updates; records p_i as each contribution's ``weight``.
 
-    With η_g = 1 this is McMahan et al.'s FedAvg: the p-weighted average of the
-    clients' models. An empty commit leaves the model unchanged.
+    With the default server step (SGD, η_g = 1) this is McMahan et al.'s FedAvg: the
+    p-weighted average of the clients' models; ``server`` makes it FedAvgM or FedAdam
+    (:class:`~fedclock.strategies.server.ServerOptimizer`). An empty commit leaves the
+    model unchanged.
     """
 
-    def __init__(self, *, weights: str = "samples", server_lr: float = 1.0) -> None:
+    def __init__(self, *, weights: str = "samples", server: ServerOptimizer | None = None) -> None:
         self.weights = weights
-        self.server_lr = server_lr
+        self.server = server or ServerOptimizer()
 
     def aggregate(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
@@ -68,16 +75,6 @@ class FedAvgAggregator:
         if not contributions:
             return base
         p = fedavg_weights([c.num_samples for c in contributions], self.weights)
-        step = weighted_delta(contributions, p)
-        names = list(base.params)
-        old = [base.params[k] for k in names]
-        upd = [step[k] for k in names]
-        # θ + η_g·Δ; with η_g = 1 one fused add (x·1.0 is exact, so the values are the same)
-        new = (
-            torch._foreach_add(old, upd)
-            if self.server_lr == 1.0
-            else [v + self.server_lr * d for v, d in zip(old, upd, strict=True)]
-        )
-        params = dict(zip(names, new, strict=True))
+        params = self.server.step(base.params, weighted_delta(contributions, p))
         buffers = average_buffers(contributions, p) if base.buffers else {}
         return ModelVersion(version=base.version + 1, params=params, buffers=buffers)

@@ -40,8 +40,9 @@ import torch
 from fedclock.errors import ConfigError
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task
-from fedclock.strategies.aggregators import FedAvgAggregator, fedavg_weights, weighted_delta
+from fedclock.strategies.aggregators import fedavg_weights, weighted_delta
 from fedclock.strategies.base import BuildInfo, Planner, Strategy
+from fedclock.strategies.server import ServerOptimizer, server_optimizer
 from fedclock.strategies.weights import (
     Staleness,
     fedbuff_weights,
@@ -193,17 +194,14 @@ class StepAggregator:
         self,
         weights: Callable[[Context, Sequence[Contribution]], np.ndarray],
         *,
-        server_lr: float = 1.0,
-        server_momentum: float = 0.0,
+        server: ServerOptimizer | None = None,
         staleness: Staleness | None = None,
         mix: bool = False,
     ) -> None:
         self.weights = weights
-        self.server_lr = server_lr
-        self.server_momentum = server_momentum
+        self.server = server or ServerOptimizer()
         self.staleness = staleness or Staleness()
         self.mix = mix
-        self._velocity: Params | None = None
 
     def omega(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
@@ -221,19 +219,13 @@ class StepAggregator:
         if not contributions:
             return base
         w = self.omega(ctx, base, contributions)
-        for c, wi in zip(contributions, w.tolist(), strict=True):
-            c.weight = wi
         if self.mix:  # FedAsync: θ_new − θ = θ_base + Δ − θ
+            for c, wi in zip(contributions, w.tolist(), strict=True):
+                c.weight = wi
             step = {name: _mixed(contributions, w, name, cur) for name, cur in base.params.items()}
         else:
             step = weighted_delta(contributions, w)
-        if self.server_momentum > 0:
-            if self._velocity is None:
-                self._velocity = {k: torch.zeros_like(v) for k, v in step.items()}
-            for k, v in step.items():
-                self._velocity[k].mul_(self.server_momentum).add_(v)
-            step = self._velocity
-        params = {k: v + self.server_lr * step[k] for k, v in base.params.items()}
+        params = self.server.step(base.params, step)
         buffers = self._buffers(base, contributions, w) if base.buffers else {}
         return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
 
@@ -249,7 +241,7 @@ class StepAggregator:
             for c, wi in zip(contributions, w, strict=True):
                 ref = cur if self.mix else c.task.base.buffers[name]
                 acc.add_(c.buffers[name] - ref, alpha=float(wi))
-            out[name] = cur + (1.0 if self.mix else self.server_lr) * acc
+            out[name] = cur + (1.0 if self.mix else self.server.lr) * acc
         return out
 
 
@@ -261,19 +253,6 @@ def _mixed(
     for c, wi in zip(contributions, w, strict=True):
         acc.add_(c.task.base.params[name] + c.delta[name] - cur, alpha=float(wi))
     return acc
-
-
-class RecordingFedAvgAggregator(FedAvgAggregator):
-    """:class:`FedAvgAggregator` that also reports the weight p_i of each update."""
-
-    def aggregate(
-        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
-    ) -> ModelVersion:
-        if contributions:
-            p = fedavg_weights([c.num_samples for c in contributions], self.weights)
-            for c, pi in zip(contributions, p, strict=True):
-                c.weight = float(pi)
-        return super().aggregate(ctx, base, contributions)
 
 
 # ------------------------------------------------------------------ triggers
@@ -450,8 +429,8 @@ def build_async(cfg: ExperimentConfig, info: BuildInfo, name: str, planner: Plan
     if isinstance(s, FedAsyncOptions):  # θ ← (1 − α_t)·θ + α_t·θ_client on every arrival
         times = UpdateTimes("profile", planner)  # no weight rule reads τ_i
         aggregator = StepAggregator(
-            ConstantWeight(s.alpha), server_lr=1.0, server_momentum=s.server_momentum,
-            staleness=staleness, mix=True,
+            ConstantWeight(s.alpha), server=server_optimizer(s, lr=1.0), staleness=staleness,
+            mix=True,
         )  # fmt: skip
         trigger = ArrivalBuffer(times, buffer_size=1, concurrency=s.concurrency)
         return Strategy(name=name, planner=planner, trigger=trigger, aggregator=aggregator)
@@ -498,6 +477,6 @@ def build_async(cfg: ExperimentConfig, info: BuildInfo, name: str, planner: Plan
         buffer_size=s.buffer_size,
     )
     aggregator = StepAggregator(
-        rule, server_lr=s.server_lr, server_momentum=s.server_momentum, staleness=staleness
+        rule, server=server_optimizer(s, lr=s.server_lr), staleness=staleness
     )
     return Strategy(name=name, planner=planner, trigger=trigger, aggregator=aggregator)
