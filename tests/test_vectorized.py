@@ -18,7 +18,7 @@ from fedclock.config import load_config
 from fedclock.devices.cost import TaskCost, TaskTiming
 from fedclock.experiment import run_experiment
 from fedclock.models import build_model
-from fedclock.models.shapes import Full, Suffix, WorkShape
+from fedclock.models.shapes import Full, Layout, Suffix, Units, UnsupportedShapeError, WorkShape
 from fedclock.sim.types import Contribution, ModelVersion, Task
 from fedclock.strategies import local_sgd_plan
 from fedclock.train.executor import ClientData, SerialExecutor, snapshot
@@ -421,9 +421,9 @@ def test_batchnorm_padded_batches_and_salf_tasks_run_serially(
     assert len(caplog.records) == 1 and "padded" in caplog.records[0].getMessage()
     # SALF-family executors (layer map, reference mode, widths) keep BatchNorm models serial
     caplog.clear()
-    layers = {n: 1 for n, _ in m.named_parameters()}
+    units = Units(1, {n: 1 for n, _ in m.named_parameters()}, {}, (0.0,), 0.0, (0,))
     with caplog.at_level(logging.INFO, logger="fedclock"):
-        salf = VectorizedExecutor(m, data, seed=0, lr=0.1, layer_of=layers)
+        salf = VectorizedExecutor(m, data, seed=0, lr=0.1, layout=Layout.of(m, units, 0))
         out = salf.run(tasks)
     _assert_same(serial, out, atol=0)
     _assert_same_buffers(serial, out, atol=0)
@@ -440,8 +440,6 @@ class _NewShape(WorkShape):
 def test_an_unknown_work_shape_is_refused_not_trained_fully() -> None:
     from dataclasses import replace
 
-    from fedclock.models.shapes import UnsupportedShapeError
-
     sizes = [10, 12, 9]
     data = _data(sizes, (6,))
     m = build_model("logreg", input_shape=(6,), num_classes=10, seed=0)
@@ -453,6 +451,36 @@ def test_an_unknown_work_shape_is_refused_not_trained_fully() -> None:
     ):
         with pytest.raises(UnsupportedShapeError, match=r"cannot run _NewShape\(part=1\) tasks"):
             ex.run(odd)
+    # a strategy that declares it is refused before the run, by make_executor
+    from fedclock.train.factory import make_executor
+    from fedclock.train.local import LocalTraining, Needs
+
+    with pytest.raises(ValueError, match="no executor runs the work shapes _NewShape yet"):
+        make_executor(Needs(shapes=frozenset({_NewShape})), m, data, seed=0,
+                      local=LocalTraining(lr=0.1))  # fmt: skip
+
+
+def test_partial_work_runs_from_the_shape_program() -> None:
+    """What trains and what is sent come from WorkShape.program, for every shape."""
+    from fedclock.models import layer_view
+    from fedclock.models.shapes import FULL, Width, build_units
+
+    m = build_model("mlp", input_shape=(6,), num_classes=10, hidden=[8], seed=0)
+    units = build_units(m, layer_view(m, (6,)), "paper")
+    layout = Layout.of(m, units, 0)
+    names = tuple(n for n, _ in m.named_parameters())
+    assert FULL.program(layout) == FULL.program(layout, trains_fully=True)
+    assert FULL.program(layout).trains == names
+    paper, ref = Suffix(2).program(layout), Suffix(2).program(layout, trains_fully=True)
+    assert paper.trains == names[2:] and paper.sends == frozenset(names[2:])
+    assert ref.trains == names and ref.sends == paper.sends and ref.key == FULL.program(layout).key
+    width = Width(0.5).program(layout)
+    assert width.scale == 0.5 and width.views is not None
+    assert width.views[names[0]] == (slice(0, 4), slice(0, 6))  # 8 hidden units → 4
+    with pytest.raises(UnsupportedShapeError, match="No executor knows how to run"):
+        _NewShape().program(layout)
+    with pytest.raises(UnsupportedShapeError, match="need the model's layout"):
+        Suffix(2).program(None)
 
 
 # ------------------------------------------------------------------ blocks

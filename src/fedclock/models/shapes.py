@@ -160,6 +160,9 @@ class Layout:
     _width_masks: dict[float, dict[str, tuple[int, ...]]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _programs: dict[tuple[Any, bool], Program] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def of(cls, model: nn.Module, units: Units, model_bytes: int, **kw: Any) -> Layout:
@@ -174,6 +177,24 @@ class Layout:
             kept = width_shapes([self.param_shapes[n] for n in names], rate)
             keep = self._width_masks[rate] = dict(zip(names, kept, strict=True))
         return keep
+
+
+@dataclass(frozen=True)
+class Program:
+    """How an executor runs a task of one shape (:meth:`WorkShape.program`): the parameters
+    that train (the others are frozen inputs of the loss), the tensors whose delta is sent
+    (Δ = 0 for the rest), a submodel's slice of every tensor, and the factor the hidden
+    modules' outputs are divided by in training (HeteroFL's Scaler). Tasks whose programs
+    share a ``key`` train in one vectorized block."""
+
+    trains: tuple[str, ...]
+    sends: frozenset[str]
+    views: dict[str, tuple[slice, ...]] | None = None
+    scale: float | None = None
+
+    @property
+    def key(self) -> Hashable:
+        return (self.trains, self.scale)
 
 
 class WorkShape:
@@ -202,6 +223,23 @@ class WorkShape:
     def cost(self, layout: Layout, samples: int) -> TaskCost:
         raise NotImplementedError
 
+    def program(self, layout: Layout | None, *, trains_fully: bool = False) -> Program:
+        """What an executor trains and sends for this shape (cached per layout); a shape
+        without one raises :class:`UnsupportedShapeError`. ``trains_fully``: a layer-suffix
+        task trains every unit and sends units d..L (SALF's reference mode)."""
+        if layout is None:
+            raise UnsupportedShapeError(
+                f"{self.describe()} tasks need the model's layout (Needs.layout)."
+            )
+        key = (self, trains_fully)
+        got = layout._programs.get(key)
+        if got is None:
+            got = layout._programs[key] = self._program(layout, trains_fully)
+        return got
+
+    def _program(self, layout: Layout, trains_fully: bool) -> Program:
+        raise UnsupportedShapeError(f"No executor knows how to run {self.describe()} tasks.")
+
 
 @dataclass(frozen=True)
 class Full(WorkShape):
@@ -215,6 +253,10 @@ class Full(WorkShape):
 
     def holds_buffer(self, layout: Layout, name: str) -> bool:
         return True
+
+    def _program(self, layout: Layout, trains_fully: bool) -> Program:
+        names = tuple(layout.param_shapes)
+        return Program(trains=names, sends=frozenset(names))
 
     def cost(self, layout: Layout, samples: int) -> TaskCost:
         u = layout.units
@@ -253,6 +295,11 @@ class Suffix(WorkShape):
         u = layout.units
         return u.of_buffer.get(name, u.count) >= self.depth
 
+    def _program(self, layout: Layout, trains_fully: bool) -> Program:
+        names = tuple(layout.param_shapes)
+        sent = tuple(n for n in names if self.trains(layout, n))
+        return Program(trains=names if trains_fully else sent, sends=frozenset(sent))
+
     def cost(self, layout: Layout, samples: int) -> TaskCost:
         """Forward of every unit, backward of units depth..L (or of the full step, when the
         executor trains it: ``Layout.charge_full_step``), upload of units depth..L."""
@@ -286,6 +333,12 @@ class Width(WorkShape):
 
     def coverage(self, layout: Layout, name: str, like: torch.Tensor) -> torch.Tensor | bool:
         return prefix_mask(tuple(like.shape), layout.width_keep(self.rate)[name], like.device)
+
+    def _program(self, layout: Layout, trains_fully: bool) -> Program:
+        names = tuple(layout.param_shapes)
+        keep = layout.width_keep(self.rate)
+        views = {n: tuple(slice(0, k) for k in keep[n]) for n in names}
+        return Program(trains=names, sends=frozenset(names), views=views, scale=self.rate)
 
     def cost(self, layout: Layout, samples: int) -> TaskCost:
         """r² of the full task: hidden×hidden layers shrink by r² (documented approximation)."""

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedclock.models.shapes import FULL, Suffix, Width
+from fedclock.models.shapes import WorkShape
 from fedclock.train.executor import ClientData, SerialExecutor
 from fedclock.train.local import LocalTraining, Needs
 from fedclock.train.partial import PartialExecutor
@@ -82,9 +82,10 @@ def make_executor(
     if needs.proximal_mu:  # the strategy's local objective (FedProx)
         local = replace(local, proximal_mu=needs.proximal_mu)
     dev = resolve_device(device)
-    known = {type(FULL), Suffix, Width}
-    if not needs.shapes <= known:
-        names = ", ".join(sorted(t.__name__ for t in needs.shapes - known))
+    # a shape runs where it says what trains and is sent (WorkShape.program)
+    unknown = {t for t in needs.shapes if t._program is WorkShape._program}
+    if unknown:
+        names = ", ".join(sorted(t.__name__ for t in unknown))
         raise ValueError(f"no executor runs the work shapes {names} yet")
     if not needs.partial:
         if kind == "serial":

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fedclock.models.shapes import FULL, Suffix, Units, Width, refuse, width_shapes
+from fedclock.models.shapes import FULL, Layout, Program, Units, UnsupportedShapeError, refuse
 from fedclock.sim.types import Contribution, Params, Task
 from fedclock.train.executor import ClientData, SerialExecutor, batch_schedule, load_version
 from fedclock.train.local import CrossEntropy, Loss
@@ -102,6 +102,9 @@ class PartialExecutor(SerialExecutor):
         )  # fmt: skip
         self.mode = mode
         self.units = units
+        # the model as work shapes see it: each shape's Program says what trains and is sent
+        self.layout = Layout.of(model, units, 0)
+        self._trains_fully = mode == "reference"
         self.persistent_momentum = persistent_momentum
         self._momentum: dict[int, dict[str, torch.Tensor]] = {}
         names = [n for n, _ in model.named_parameters()]
@@ -111,7 +114,6 @@ class PartialExecutor(SerialExecutor):
         # one block per depth; reference mode: full training, the kept tensors masked, the
         # clients' momentum buffers read and written back), falling back to run_one
         self._vectorized: Any = None
-        self._views: dict[float, dict[str, tuple[slice, ...]]] = {}
         if vectorize and not any(True for _ in model.buffers()):
             from fedclock.train.vectorized import VectorizedExecutor, unsupported_model_reason
 
@@ -119,23 +121,11 @@ class PartialExecutor(SerialExecutor):
                 self._vectorized = VectorizedExecutor(
                     model, data, seed=seed, lr=lr, momentum=momentum, weight_decay=weight_decay,
                     device=device, max_batch_clients=max_batch_clients,
-                    layer_of=units.of_param, keep_last=mode == "reference",
+                    layout=self.layout, trains_fully=self._trains_fully,
                     momentum_store=self._momentum if persistent_momentum else None,
-                    width_views=self._width_views, scaled=self._hidden, serial=self,
+                    scaled=self._hidden, serial=self,
                     loss=self.loss, proximal_mu=proximal_mu,
                 )  # fmt: skip
-
-    def _width_views(self, rate: float) -> dict[str, tuple[slice, ...]]:
-        """The slice of every parameter a width-``rate`` submodel holds (cached per rate)."""
-        views = self._views.get(rate)
-        if views is None:
-            shapes = [tuple(self.model.get_parameter(n).shape) for n in self._names]
-            keep = width_shapes(shapes, rate)
-            views = {
-                n: tuple(slice(0, k) for k in kp) for n, kp in zip(self._names, keep, strict=True)
-            }
-            self._views[rate] = views
-        return views
 
     def run(self, tasks: Sequence[Task]) -> list[Contribution]:
         if self._vectorized is None:
@@ -181,24 +171,21 @@ class PartialExecutor(SerialExecutor):
 
     def run_one(self, task: Task) -> Contribution:
         shape = task.plan.shape
-        if isinstance(shape, Width):
-            return self._run_width(task, shape.rate)
-        if shape is FULL:
-            if not self.persistent_momentum and self.mode == "paper":
-                return super().run_one(task)
-            depth = 1
-        elif isinstance(shape, Suffix):
-            depth = shape.depth
-        else:
-            raise refuse("partial-work executor", shape, "full, layer-suffix and width tasks")
+        if shape is FULL and not self.persistent_momentum and self.mode == "paper":
+            return super().run_one(task)
+        try:
+            prog = shape.program(self.layout, trains_fully=self._trains_fully)
+        except UnsupportedShapeError:
+            raise refuse(
+                "partial-work executor", shape, "full, layer-suffix and width tasks"
+            ) from None
+        if prog.views is not None:
+            return self._run_width(task, prog)
         model = self.model
         load_version(model, task.base)
         model.train()
         params = dict(model.named_parameters())
-        if self.mode == "paper":
-            suffix = [n for n in self._names if self.units.of_param[n] >= depth]
-        else:  # the authors train fully, then keep the last tensors
-            suffix = list(self._names)
+        suffix = list(prog.trains)  # reference mode: every tensor (the authors keep d..L_e)
         idx = self.data.indices[task.client]
         steps = batch_schedule(self.seed, task, len(idx))
         if not self.persistent_momentum:
@@ -213,21 +200,23 @@ class PartialExecutor(SerialExecutor):
             self._momentum.pop(task.client, None)
         delta: Params = {}
         for n, p in params.items():
-            keep = self.units.of_param[n] >= depth
+            keep = n in prog.sends
             delta[n] = (p.detach() - task.base.params[n]) if keep else torch.zeros_like(p)
         buffers: Params = {}
         for n, b in model.named_buffers():
-            keep = self.units.of_buffer.get(n, self.units.count) >= depth
+            keep = shape.holds_buffer(self.layout, n)
             buffers[n] = b.detach().clone() if keep else task.base.buffers[n].clone()
         return Contribution(
             task=task, delta=delta, buffers=buffers, num_samples=len(idx),
             train_loss=total / max(1, len(steps)),
         )  # fmt: skip
 
-    def _run_width(self, task: Task, rate: float) -> Contribution:
+    def _run_width(self, task: Task, prog: Program) -> Contribution:
         model = self.model
         base = task.base.params
-        views = self._width_views(rate)
+        views = prog.views
+        rate = prog.scale
+        assert views is not None and rate is not None
         sub = {
             n: base[n][views[n]].detach().clone().to(self.device).requires_grad_(True)
             for n in self._names

@@ -36,12 +36,15 @@ W1 clients at once ran ≈ 1.3× slower than blocks of 20–25). On a GPU, where
 bigger blocks only fill the device better, the bound is ``CUDA_BLOCK_BYTES``
 (256 MiB) instead.
 
-The SALF family (via :class:`~fedclock.train.partial.PartialExecutor`): layer-suffix
-tasks group by depth (``layer_of``: the prefix is a frozen input); reference-mode tasks
-train fully and keep tensors d..L_e (``keep_last``), with each client's momentum buffers
-read from and written back to ``momentum_store``; HeteroFL submodel tasks group by width
-(``width_views``: each client's slice of its base is stacked, the ``scaled`` modules'
-outputs are divided by r during the block, deltas are full-shape with zeros outside).
+Partial work is generic over work shapes: a task's shape gives its
+:class:`~fedclock.models.shapes.Program` for the model's ``layout`` — the parameters that
+train (the others are frozen inputs of the loss), the tensors whose delta is sent, a
+submodel's slice of every tensor, the factor the ``scaled`` modules' outputs are divided
+by — and tasks of equal program keys share a block. So SALF's layer-suffix tasks group by
+depth; with ``trains_fully`` (reference mode) they train every tensor with the full tasks
+and send tensors d..L_e, each client's momentum buffers read from and written back to
+``momentum_store``; HeteroFL's width-r tasks stack each client's slice of its base, and
+their deltas are full-shape with zeros outside. A shape without a program is refused.
 
 A group of fewer than ``min_block`` tasks (by default: a lone task) runs through the serial
 code path, which is 2–4× faster than ``vmap`` for a single client. The simulator trains
@@ -70,7 +73,7 @@ runs those serially for models with buffers anyway).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -78,7 +81,14 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedclock.models.shapes import FULL, Full, Suffix, Width, refuse
+from fedclock.models.shapes import (
+    FULL,
+    Layout,
+    Program,
+    UnsupportedShapeError,
+    WorkShape,
+    refuse,
+)
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task
 from fedclock.train.executor import (
     ClientData,
@@ -222,10 +232,9 @@ class VectorizedExecutor:
         max_batch_clients: int | None = None,
         block_bytes: int | None = None,
         min_block: int = 2,
-        layer_of: Mapping[str, int] | None = None,
-        keep_last: bool = False,
+        layout: Layout | None = None,
+        trains_fully: bool = False,
         momentum_store: dict[int, dict[str, torch.Tensor]] | None = None,
-        width_views: Callable[[float], Mapping[str, tuple[slice, ...]]] | None = None,
         scaled: Sequence[nn.Module] = (),
         serial: Any = None,
         delta_views: bool = False,
@@ -253,18 +262,20 @@ class VectorizedExecutor:
         self._x = data.x.to(self.device)
         self._y = data.y.to(self.device)
         self._names = [n for n, _ in model.named_parameters()]
-        # SALF layer-suffix tasks (shape Suffix(d)): parameter → its layer; only the
-        # parameters of layers ≥ d train, the others are frozen inputs of the loss
-        self._layer_of = layer_of
-        # SALF reference mode (the authors' code): a depth-d task trains every tensor, then
-        # keeps only tensors d..L_e (Δ = 0 below), so depths do not split blocks
-        self._keep_last = keep_last
+        # partial work: each shape's Program (WorkShape.program) says which parameters
+        # train (the others are frozen inputs of the loss), which deltas are sent, and a
+        # submodel's slices; with ``trains_fully`` (SALF reference mode, the authors' code)
+        # a layer-suffix task trains every tensor and sends tensors d..L_e, so depths share
+        # blocks
+        self._layout = layout
+        self._trains_fully = trains_fully
+        # the block key of full tasks: a Program that trains every parameter, unscaled
+        # (a reference-mode suffix task's too: it shares their blocks)
+        self._full_key: Hashable = (tuple(n for n, _ in model.named_parameters()), None)
         # momentum buffers kept per client across tasks (reference mode), read at a block's
         # start and written back at its end; None: every task starts from zero momentum
         self._momentum_store = momentum_store
-        # HeteroFL submodels (shape Width(r)): the slice of every tensor a width-r client
-        # holds, and the modules whose outputs are divided by r in training (the Scaler)
-        self._width_views = width_views
+        # the modules whose outputs a Program's ``scale`` divides (HeteroFL's Scaler)
         self._scaled = tuple(scaled)
         self._serial_fallback = serial  # run_one for lone or unbatchable tasks
         # synchronous rounds (every update of a batch is aggregated in the same round): the
@@ -277,11 +288,7 @@ class VectorizedExecutor:
         # stacked along the block and updated in place by every step (see _run_block)
         self._bn = has_batchnorm(model)
         self._buffer_names = [n for n, _ in model.named_buffers()]
-        salf = (
-            layer_of is not None or keep_last or momentum_store is not None
-            or width_views is not None or bool(scaled)
-        )  # fmt: skip
-        self._bn_salf = self._bn and salf
+        self._bn_salf = self._bn and (layout is not None or momentum_store is not None)
         self._logged: set[str] = set()
         self._serial: SerialExecutor | None = None
         self._auto: dict[int, int] = {}
@@ -352,16 +359,13 @@ class VectorizedExecutor:
         groups: dict[tuple[int, Hashable], list[int]] = {}  # batch size, work shape's key
         for i, task in enumerate(tasks):
             shape = task.plan.shape
-            if not isinstance(shape, Full | Suffix | Width):
-                raise refuse("vectorized executor", shape, "full, layer-suffix and width tasks")
             reason = self._why_serial(task)
             if reason is not None:
                 self._log_once(reason)
                 out[i] = self._serial_executor().run_one(task)
                 continue
-            if self._keep_last and isinstance(shape, Suffix):  # trains fully: depths share
-                shape = FULL
-            groups.setdefault((task.plan.batch_size, shape.key()), []).append(i)
+            key = self._full_key if shape is FULL else self._program(shape).key
+            groups.setdefault((task.plan.batch_size, key), []).append(i)
         for members in groups.values():
             if len(members) < self.min_block:  # vmap's overhead does not pay for one client
                 for i in members:
@@ -377,14 +381,20 @@ class VectorizedExecutor:
         return [c for c in out if c is not None]
 
     # ------------------------------------------------------------ internals
+    def _program(self, shape: WorkShape) -> Program:
+        try:
+            return shape.program(self._layout, trains_fully=self._trains_fully)
+        except UnsupportedShapeError:
+            raise refuse(
+                "vectorized executor", shape, "full, layer-suffix and width tasks"
+            ) from None
+
     def _why_serial(self, task: Task) -> str | None:
+        shape = task.plan.shape
+        if shape is not FULL:
+            self._program(shape)  # a shape without a program: refused, not run serially
         if self._reason is not None:
             return self._reason
-        shape = task.plan.shape
-        if isinstance(shape, Width) and self._width_views is None:
-            return "width-sliced (HeteroFL) tasks need the submodel's slices"
-        if isinstance(shape, Suffix) and self._layer_of is None:
-            return "layer-suffix tasks need the model's layer map"
         if self._bn:
             if self._bn_salf or shape is not FULL:
                 return "SALF-family tasks on a BatchNorm model are not batched"
@@ -477,15 +487,14 @@ class VectorizedExecutor:
             rows = rows.clamp(min=0)
 
         shape = tasks[0].plan.shape
-        depth = shape.depth if isinstance(shape, Suffix) and not self._keep_last else 1
-        if depth > 1:  # SALF suffix: layers depth..L train, the prefix is frozen
-            assert self._layer_of is not None
-            names = [n for n in self._names if self._layer_of[n] >= depth]
-            fixed = [n for n in self._names if self._layer_of[n] < depth]
-        else:
-            names, fixed = self._names, []
-        rate = shape.rate if isinstance(shape, Width) else None
-        views = self._width_views(rate) if rate is not None and self._width_views else None
+        if shape is FULL:
+            names, fixed, views, rate = self._names, [], None, None
+        else:  # e.g. a SALF suffix: units d..L train, the prefix is a frozen input
+            prog = self._program(shape)
+            trains = set(prog.trains)
+            names = [n for n in self._names if n in trains]
+            fixed = [n for n in self._names if n not in trains]
+            views, rate = prog.views, prog.scale
 
         def cut(t: torch.Tensor, n: str) -> torch.Tensor:  # a submodel's slice of a tensor
             return t[views[n]] if views is not None else t
@@ -642,13 +651,9 @@ class VectorizedExecutor:
                     full_delta[n] = fd
                 delta = full_delta
             shape = task.plan.shape
-            keep_from = shape.depth if isinstance(shape, Suffix) else 1
-            if self._keep_last and keep_from > 1:  # the authors keep tensors d..L_e only
-                assert self._layer_of is not None
-                delta = {
-                    n: d if self._layer_of[n] >= keep_from else torch.zeros_like(d)
-                    for n, d in delta.items()
-                }
+            sends = None if shape is FULL else self._program(shape).sends
+            if sends is not None and len(sends) < len(delta):  # trained, not sent: Δ = 0
+                delta = {n: d if n in sends else torch.zeros_like(d) for n, d in delta.items()}
             if fixed:  # the frozen prefix is not sent: Δ = 0, in the model's order
                 delta = {
                     n: delta[n] if n in delta else torch.zeros_like(task.base.params[n])
