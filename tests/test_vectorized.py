@@ -750,3 +750,38 @@ def test_proximal_term_is_fedprox_local_objective(kind: str) -> None:
     plain = make_executor(Needs(), m, data, seed=0, local=LocalTraining(lr=lr, momentum=momentum),
                           kind=kind).run(tasks)  # fmt: skip
     assert not torch.allclose(plain[2].delta["net.1.weight"], out[2].delta["net.1.weight"])
+
+
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_contributions_carry_their_coverage(vectorize: bool) -> None:
+    """Each contribution says what it covers (its shape's program); outside it Δ = 0."""
+    from dataclasses import replace
+
+    from fedclock.models import layer_view
+    from fedclock.models.shapes import FULL, Width, build_units
+    from fedclock.train.partial import PartialExecutor
+
+    m = build_model("mlp", input_shape=(6,), num_classes=10, hidden=[8], seed=0)
+    units = build_units(m, layer_view(m, (6,)), "paper")
+    sizes = [10, 12, 9, 11, 10, 8]
+    data = _data(sizes, (6,))
+    tasks = _tasks(snapshot(m, 0), sizes, 4, epochs=1.0)
+    shapes = [FULL, FULL, Suffix(2), Suffix(2), Width(0.5), Width(0.5)]
+    tasks = [replace(t, plan=replace(t.plan, shape=s)) for t, s in zip(tasks, shapes, strict=True)]
+    ex = PartialExecutor(m, data, seed=0, lr=0.1, units=units, vectorize=vectorize)
+    names = [n for n, _ in m.named_parameters()]
+    for c, shape in zip(ex.run(tasks), shapes, strict=True):
+        for n in names:
+            cover = c.covers(n)
+            if shape is FULL:
+                assert c.coverage is None and cover is True
+            elif isinstance(shape, Suffix):
+                assert cover is (units.of_param[n] >= 2)
+            else:  # the width-0.5 submodel: a prefix mask of the tensor
+                assert isinstance(cover, torch.Tensor) and cover.shape == c.delta[n].shape
+                assert 0 < int(cover.sum()) <= cover.numel()
+            outside = ~cover if isinstance(cover, torch.Tensor) else not cover
+            if isinstance(outside, torch.Tensor):
+                assert torch.count_nonzero(c.delta[n][outside]) == 0
+            elif outside:
+                assert torch.count_nonzero(c.delta[n]) == 0

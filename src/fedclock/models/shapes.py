@@ -19,7 +19,7 @@ choose shapes; executors run the shapes they support and refuse the rest
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,6 +191,10 @@ class Program:
     sends: frozenset[str]
     views: dict[str, tuple[slice, ...]] | None = None
     scale: float | None = None
+    # what a contribution of this shape covers (Contribution.coverage): per parameter,
+    # True / False (the whole tensor or none of it) or a boolean mask (on the CPU);
+    # None: everything
+    coverage: Mapping[str, torch.Tensor | bool] | None = None
 
     @property
     def key(self) -> Hashable:
@@ -298,7 +302,10 @@ class Suffix(WorkShape):
     def _program(self, layout: Layout, trains_fully: bool) -> Program:
         names = tuple(layout.param_shapes)
         sent = tuple(n for n in names if self.trains(layout, n))
-        return Program(trains=names if trains_fully else sent, sends=frozenset(sent))
+        return Program(
+            trains=names if trains_fully else sent, sends=frozenset(sent),
+            coverage={n: n in sent for n in names},
+        )  # fmt: skip
 
     def cost(self, layout: Layout, samples: int) -> TaskCost:
         """Forward of every unit, backward of units depth..L (or of the full step, when the
@@ -338,7 +345,10 @@ class Width(WorkShape):
         names = tuple(layout.param_shapes)
         keep = layout.width_keep(self.rate)
         views = {n: tuple(slice(0, k) for k in keep[n]) for n in names}
-        return Program(trains=names, sends=frozenset(names), views=views, scale=self.rate)
+        cover = {n: prefix_mask(layout.param_shapes[n], keep[n]) for n in names}
+        return Program(
+            trains=names, sends=frozenset(names), views=views, scale=self.rate, coverage=cover
+        )
 
     def cost(self, layout: Layout, samples: int) -> TaskCost:
         """r² of the full task: hidden×hidden layers shrink by r² (documented approximation)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -77,6 +78,14 @@ class Contribution:
     # (Fraboni et al. eq. 5; FedAsync's α_t); None until aggregated or if the
     # aggregator does not report it
     weight: float | None = None
+    # the part of each parameter the update covers (its work shape's Program.coverage):
+    # True / False for a whole tensor, or a boolean mask; None: every element (full work).
+    # Aggregators average an element over the contributions that cover it
+    coverage: Mapping[str, torch.Tensor | bool] | None = None
+
+    def covers(self, name: str) -> torch.Tensor | bool:
+        """Whether (or where) this update covers parameter ``name``."""
+        return True if self.coverage is None else self.coverage[name]
 
     @property
     def client(self) -> int:

@@ -200,7 +200,7 @@ class SalfAggregator:
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
     ) -> ModelVersion:
         depth = [suffix_depth(c.task.plan.shape) for c in contributions]
-        holders = update_sets(depth, self.units.count)  # U^l, l = 1..L (eq. 8)
+        holders = update_sets(depth, self.units.count)  # U^l, l = 1..L (eq. 8), for buffers
         for c in contributions:
             c.weight = 1.0 / len(contributions) if self.mode == "paper" else 1.0 / self.num_users
         params: Params = {}
@@ -208,9 +208,9 @@ class SalfAggregator:
             deltas = [c.delta[name] for c in contributions]
             if self.mode == "reference":
                 params[name] = divide_by_u_update(w, deltas, self.num_users)
-            else:
+            else:  # the users that sent this unit's tensors (Contribution.coverage): U^l
                 unit = self.units.of_param[name]
-                held = [deltas[u] for u in holders[unit - 1]]
+                held = [d for c, d in zip(contributions, deltas, strict=True) if c.covers(name)]
                 params[name] = salf_layer_update(w, held, self.p_values[unit - 1])
         buffers: Params = {}
         for name, b in base.buffers.items():
@@ -243,26 +243,21 @@ def suffix_depth(shape: object) -> int:
 
 
 class CoverageAggregator:
-    """HeteroFL: each element averaged over the contributions covering it (``WorkShape.coverage``)."""
-
-    def __init__(self, layout: Layout) -> None:
-        self.layout = layout
+    """HeteroFL: each element averaged over the contributions covering it
+    (``Contribution.coverage``, from the work shape's program)."""
 
     def aggregate(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
     ) -> ModelVersion:
-        layout = self.layout
-        shapes = {c.task.plan.shape for c in contributions}
         params: Params = {}
         for name, w in base.params.items():
-            cover: dict[object, torch.Tensor] = {}
-            for shape in shapes:  # True / False: the whole tensor or none of it
-                got = shape.coverage(layout, name, w)
-                cover[shape] = (
-                    got if isinstance(got, torch.Tensor)
+            masks = []
+            for c in contributions:  # Contribution.coverage: a mask, or the whole tensor
+                got = c.covers(name)
+                masks.append(
+                    got.to(w.device) if isinstance(got, torch.Tensor)
                     else torch.full_like(w, bool(got), dtype=torch.bool)
                 )  # fmt: skip
-            masks = [cover[c.task.plan.shape] for c in contributions]
             params[name] = coverage_update(w, [c.delta[name] for c in contributions], masks)
         for c in contributions:
             c.weight = 1.0 / max(1, len(contributions))
@@ -452,7 +447,7 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
                         work=work)  # fmt: skip
     aggregator: Any
     if method == "heterofl":
-        aggregator = CoverageAggregator(layout)
+        aggregator = CoverageAggregator()
     else:
         rule = sc.p_rule if method == "salf" else "zero"  # the others: a plain mean
         population = info.population

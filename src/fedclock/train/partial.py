@@ -208,7 +208,7 @@ class PartialExecutor(SerialExecutor):
             buffers[n] = b.detach().clone() if keep else task.base.buffers[n].clone()
         return Contribution(
             task=task, delta=delta, buffers=buffers, num_samples=len(idx),
-            train_loss=total / max(1, len(steps)),
+            train_loss=total / max(1, len(steps)), coverage=prog.coverage,
         )  # fmt: skip
 
     def _run_width(self, task: Task, prog: Program) -> Contribution:
@@ -253,5 +253,5 @@ class PartialExecutor(SerialExecutor):
         buffers = {n: b.clone() for n, b in task.base.buffers.items()}
         return Contribution(
             task=task, delta=delta, buffers=buffers, num_samples=len(idx),
-            train_loss=total / max(1, len(steps)),
+            train_loss=total / max(1, len(steps)), coverage=prog.coverage,
         )  # fmt: skip

@@ -651,7 +651,8 @@ class VectorizedExecutor:
                     full_delta[n] = fd
                 delta = full_delta
             shape = task.plan.shape
-            sends = None if shape is FULL else self._program(shape).sends
+            prog = None if shape is FULL else self._program(shape)
+            sends = None if prog is None else prog.sends
             if sends is not None and len(sends) < len(delta):  # trained, not sent: Δ = 0
                 delta = {n: d if n in sends else torch.zeros_like(d) for n, d in delta.items()}
             if fixed:  # the frozen prefix is not sent: Δ = 0, in the model's order
@@ -667,6 +668,7 @@ class VectorizedExecutor:
                     buffers={} if stats is None else {n: v[j].clone() for n, v in stats.items()},
                     num_samples=len(self.data.indices[task.client]),
                     train_loss=losses[j] / max(1, steps[j]),
+                    coverage=None if prog is None else prog.coverage,
                 )
             )
         return out
