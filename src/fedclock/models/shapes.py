@@ -184,8 +184,9 @@ class Program:
     """How an executor runs a task of one shape (:meth:`WorkShape.program`): the parameters
     that train (the others are frozen inputs of the loss), the tensors whose delta is sent
     (Δ = 0 for the rest), a submodel's slice of every tensor, and the factor the hidden
-    modules' outputs are divided by in training (HeteroFL's Scaler). Tasks whose programs
-    share a ``key`` train in one vectorized block."""
+    modules' outputs are divided by in training (HeteroFL's Scaler), and the task's own
+    loss if it has one. Tasks whose programs share a ``key`` train in one vectorized
+    block."""
 
     trains: tuple[str, ...]
     sends: frozenset[str]
@@ -195,10 +196,13 @@ class Program:
     # True / False (the whole tensor or none of it) or a boolean mask (on the CPU);
     # None: everything
     coverage: Mapping[str, torch.Tensor | bool] | None = None
+    # the task's objective (a ``fedclock.train.local.Loss``, e.g. an early exit's head) in
+    # place of the run's; None: the run's loss
+    loss: Any = None
 
     @property
     def key(self) -> Hashable:
-        return (self.trains, self.scale)
+        return (self.trains, self.scale, self.loss)
 
 
 class WorkShape:

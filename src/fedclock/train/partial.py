@@ -186,6 +186,7 @@ class PartialExecutor(SerialExecutor):
         model.train()
         params = dict(model.named_parameters())
         suffix = list(prog.trains)  # reference mode: every tensor (the authors keep d..L_e)
+        loss_fn = prog.loss or self.loss
         idx = self.data.indices[task.client]
         steps = batch_schedule(self.seed, task, len(idx))
         if not self.persistent_momentum:
@@ -193,7 +194,7 @@ class PartialExecutor(SerialExecutor):
         total = 0.0
         for local in steps:
             rows = idx[local].to(self.device)
-            grads, loss = suffix_grads(model, suffix, self._x[rows], self._y[rows], self.loss)
+            grads, loss = suffix_grads(model, suffix, self._x[rows], self._y[rows], loss_fn)
             self._step(task.client, params, grads, base=task.base.params)
             total += float(loss)
         if not self.persistent_momentum:
@@ -233,7 +234,7 @@ class PartialExecutor(SerialExecutor):
             for local in steps:
                 rows = idx[local].to(self.device)
                 out = functional_call(model, sub, (self._x[rows],))
-                loss = self.loss(out, self._y[rows])
+                loss = (prog.loss or self.loss)(out, self._y[rows])
                 grads = torch.autograd.grad(loss, [sub[n] for n in self._names])
                 self._step(
                     task.client, sub, dict(zip(self._names, grads, strict=True)), views,

@@ -253,6 +253,7 @@ class VectorizedExecutor:
         self.momentum = momentum
         self.weight_decay = weight_decay
         self.loss: Loss = loss if loss is not None else CrossEntropy()
+        self._block_loss: Loss = self.loss  # the running block's (a Program may bring its own)
         self.proximal_mu = proximal_mu
         self.max_batch_clients = max_batch_clients
         if block_bytes is None:
@@ -299,37 +300,37 @@ class VectorizedExecutor:
 
     # ------------------------------------------------------------ losses
     def _loss(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.loss(functional_call(self.model, params, (x,)), y)
+        return self._block_loss(functional_call(self.model, params, (x,)), y)
 
     def _loss_weighted(
         self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
     ) -> torch.Tensor:
         # w = 1/count on the real rows, 0 on padding: the mean over the real rows
-        ce = self.loss.per_sample(functional_call(self.model, params, (x,)), y)
+        ce = self._block_loss.per_sample(functional_call(self.model, params, (x,)), y)
         return (ce * w).sum()
 
     def _loss_bn(
         self, params: Params, buffers: Params, x: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor:
         # train mode: BatchNorm updates this client's slice of the stacked buffers in place
-        return self.loss(functional_call(self.model, {**params, **buffers}, (x,)), y)
+        return self._block_loss(functional_call(self.model, {**params, **buffers}, (x,)), y)
 
     def _loss_bn_weighted(
         self, params: Params, buffers: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
     ) -> torch.Tensor:
         out = functional_call(self.model, {**params, **buffers}, (x,))
-        return (self.loss.per_sample(out, y) * w).sum()
+        return (self._block_loss.per_sample(out, y) * w).sum()
 
     def _loss_split(
         self, params: Params, frozen: Params, x: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor:
-        return self.loss(functional_call(self.model, {**frozen, **params}, (x,)), y)
+        return self._block_loss(functional_call(self.model, {**frozen, **params}, (x,)), y)
 
     def _loss_split_weighted(
         self, params: Params, frozen: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
     ) -> torch.Tensor:
         out = functional_call(self.model, {**frozen, **params}, (x,))
-        return (self.loss.per_sample(out, y) * w).sum()
+        return (self._block_loss.per_sample(out, y) * w).sum()
 
     def _split_step(self, weighted: bool, frozen_shared: bool) -> Any:
         """vmap(grad) over the trainable suffix only: the frozen prefix builds no backward."""
@@ -487,6 +488,7 @@ class VectorizedExecutor:
             rows = rows.clamp(min=0)
 
         shape = tasks[0].plan.shape
+        self._block_loss = self.loss
         if shape is FULL:
             names, fixed, views, rate = self._names, [], None, None
         else:  # e.g. a SALF suffix: units d..L train, the prefix is a frozen input
@@ -495,6 +497,8 @@ class VectorizedExecutor:
             names = [n for n in self._names if n in trains]
             fixed = [n for n in self._names if n not in trains]
             views, rate = prog.views, prog.scale
+            if prog.loss is not None:
+                self._block_loss = prog.loss
 
         def cut(t: torch.Tensor, n: str) -> torch.Tensor:  # a submodel's slice of a tensor
             return t[views[n]] if views is not None else t
