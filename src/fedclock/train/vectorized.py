@@ -272,7 +272,8 @@ class VectorizedExecutor:
         self._trains_fully = trains_fully
         # the block key of full tasks: a Program that trains every parameter, unscaled
         # (a reference-mode suffix task's too: it shares their blocks)
-        self._full_key: Hashable = (tuple(n for n, _ in model.named_parameters()), None)
+        every = tuple(n for n, _ in model.named_parameters())
+        self._full_key: Hashable = Program(trains=every, sends=frozenset(every)).key
         # momentum buffers kept per client across tasks (reference mode), read at a block's
         # start and written back at its end; None: every task starts from zero momentum
         self._momentum_store = momentum_store
