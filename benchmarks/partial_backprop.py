@@ -5,7 +5,7 @@ layers (a *layer* holds parameters; ReLU/pooling/flatten are not layers) and upd
 their parameters. Here "depth d" counts the layers trained from the output (d = L is a full
 local-SGD step); fedclock's SALF planner numbers the layer where backprop *stops*, so its
 ``Suffix(depth)`` with depth = L − d + 1. The gradient is fedclock's own
-:func:`fedclock.train.partial.suffix_grads` (the prefix's parameters do not require grad, so
+:func:`fedclock.train.executor.suffix_grads` (the prefix's parameters do not require grad, so
 no backward graph is recorded for them; ``torch.autograd.grad`` is taken for the suffix
 parameters only), or a stand-alone equivalent when that module is absent; the SGD update
 touches the suffix only.
@@ -29,8 +29,8 @@ from benchmarks import common
 from benchmarks.common import machine, measure, median
 from fedclock.models import build_model
 
-try:  # the SALF task's gradient (fedclock.train.partial), when that module exists
-    from fedclock.train.partial import suffix_grads
+try:  # the SALF task's gradient (fedclock.train.executor)
+    from fedclock.train.executor import suffix_grads
 except ImportError:  # pragma: no cover
     suffix_grads = None
 
@@ -70,7 +70,7 @@ def depth_step(
 ) -> Callable[[torch.Tensor, torch.Tensor], float]:
     """One SGD step that backpropagates through the last ``depth`` layers only.
 
-    Uses fedclock's own :func:`fedclock.train.partial.suffix_grads` (the SALF task's
+    Uses fedclock's own :func:`fedclock.train.executor.suffix_grads` (the SALF task's
     gradient) where it exists, else the stand-alone equivalent below it: the prefix under
     ``torch.no_grad()``, ``torch.autograd.grad`` with respect to the suffix parameters.
     """
@@ -156,7 +156,7 @@ def run(*, quick: bool = False, repeats: int = 3) -> dict[str, object]:
     out["config"] = {
         "repeats": repeats,
         "vgg11_width": 0.25 if quick else 1.0,
-        "gradient": "fedclock.train.partial.suffix_grads"
+        "gradient": "fedclock.train.executor.suffix_grads"
         if suffix_grads is not None
         else "stand-alone (no_grad prefix + autograd.grad on the suffix)",
     }

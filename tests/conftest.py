@@ -172,3 +172,22 @@ def tiny_raw(**sections) -> dict:
 @pytest.fixture
 def tiny_config() -> ExperimentConfig:
     return load_config(raw=tiny_raw())
+
+
+def partial_executor(
+    model, data, *, units, mode: str = "paper", persistent_momentum: bool = False,
+    vectorize: bool = False, seed: int, lr: float, momentum: float = 0.0,
+    weight_decay: float = 0.0,
+):  # fmt: skip
+    """The executor ``make_executor`` builds for the SALF family's work on ``units``."""
+    from fedclock.models.shapes import FULL, Layout, Suffix, Width
+    from fedclock.train.factory import make_executor
+    from fedclock.train.local import LocalTraining, Needs
+
+    needs = Needs(
+        shapes=frozenset({type(FULL), Suffix, Width}), layout=Layout.of(model, units, 0),
+        suffix_trains_fully=mode == "reference", momentum_per_client=persistent_momentum,
+    )  # fmt: skip
+    local = LocalTraining(lr=lr, momentum=momentum, weight_decay=weight_decay)
+    kind = "vectorized" if vectorize else "serial"
+    return make_executor(needs, model, data, seed=seed, local=local, kind=kind)

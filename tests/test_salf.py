@@ -47,7 +47,7 @@ from fedclock.strategies.salf import (
     suffix_depth,
     update_sets,
 )
-from fedclock.train.partial import suffix_grads
+from fedclock.train.executor import suffix_grads
 from tests.conftest import EQUIV_TOL
 
 
@@ -656,7 +656,7 @@ def test_vectorized_suffix_tasks_equal_the_serial_partial_executor(
     from dataclasses import replace
 
     from fedclock.train.executor import snapshot
-    from fedclock.train.partial import PartialExecutor
+    from tests.conftest import partial_executor
     from tests.test_vectorized import _assert_same, _data, _tasks
 
     shape = (1, 8, 8)
@@ -679,9 +679,9 @@ def test_vectorized_suffix_tasks_equal_the_serial_partial_executor(
         )
     opts = dict(seed=4, lr=0.1, momentum=momentum, weight_decay=1e-3, units=units)
     blocks = _vmap_blocks(monkeypatch)
-    serial = PartialExecutor(model, data, **opts).run(tasks)
+    serial = partial_executor(model, data, **opts).run(tasks)
     assert blocks == []
-    vec = PartialExecutor(model, data, vectorize=True, **opts)
+    vec = partial_executor(model, data, vectorize=True, **opts)
     _assert_same(serial, vec.run(tasks))
     # one vmap block per depth held by ≥ 2 tasks (a lone task runs on the serial path)
     per_depth = Counter(suffix_depth(t.plan.shape) for t in tasks)
@@ -714,7 +714,7 @@ def test_vectorized_reference_tasks_equal_serial_with_persistent_momentum(
     from dataclasses import replace
 
     from fedclock.train.executor import snapshot
-    from fedclock.train.partial import PartialExecutor
+    from tests.conftest import partial_executor
     from tests.test_vectorized import _assert_same, _data, _tasks
 
     shape = (1, 8, 8)
@@ -729,9 +729,9 @@ def test_vectorized_reference_tasks_equal_serial_with_persistent_momentum(
     # each executor trains its own copy, so the bases depend on the rounds only (a base
     # reached through other training can put two max-pool inputs within 1e-7 of each other:
     # vmap's and the serial kernels' round-off then route that gradient differently)
-    serial = PartialExecutor(copy.deepcopy(model), data, **opts)
-    fresh = PartialExecutor(copy.deepcopy(model), data, **{**opts, "persistent_momentum": False})
-    vec = PartialExecutor(copy.deepcopy(model), data, vectorize=True, **opts)
+    serial = partial_executor(copy.deepcopy(model), data, **opts)
+    fresh = partial_executor(copy.deepcopy(model), data, **{**opts, "persistent_momentum": False})
+    vec = partial_executor(copy.deepcopy(model), data, vectorize=True, **opts)
     blocks = _vmap_blocks(monkeypatch)
     for r in range(3):
         with torch.no_grad():
@@ -772,7 +772,7 @@ def test_vectorized_heterofl_submodels_equal_serial(arch, mode, monkeypatch) -> 
     from dataclasses import replace
 
     from fedclock.train.executor import snapshot
-    from fedclock.train.partial import PartialExecutor
+    from tests.conftest import partial_executor
     from tests.test_vectorized import _assert_same, _data, _tasks
 
     shape = (1, 8, 8)
@@ -786,9 +786,9 @@ def test_vectorized_heterofl_submodels_equal_serial(arch, mode, monkeypatch) -> 
     # each executor trains its own copy, so the bases depend on the rounds only (a base
     # reached through other training can put two max-pool inputs within 1e-7 of each other:
     # vmap's and the serial kernels' round-off then route that gradient differently)
-    serial = PartialExecutor(copy.deepcopy(model), data, **opts)
-    fresh = PartialExecutor(copy.deepcopy(model), data, **{**opts, "persistent_momentum": False})
-    vec = PartialExecutor(copy.deepcopy(model), data, vectorize=True, **opts)
+    serial = partial_executor(copy.deepcopy(model), data, **opts)
+    fresh = partial_executor(copy.deepcopy(model), data, **{**opts, "persistent_momentum": False})
+    vec = partial_executor(copy.deepcopy(model), data, vectorize=True, **opts)
     names = [n for n, _ in model.named_parameters()]
     keep = width_shapes([tuple(model.get_parameter(n).shape) for n in names], 0.5)
     held = {n: tuple(slice(0, k) for k in kp) for n, kp in zip(names, keep, strict=True)}

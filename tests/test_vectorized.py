@@ -759,7 +759,7 @@ def test_contributions_carry_their_coverage(vectorize: bool) -> None:
 
     from fedclock.models import layer_view
     from fedclock.models.shapes import FULL, Width, build_units
-    from fedclock.train.partial import PartialExecutor
+    from tests.conftest import partial_executor
 
     m = build_model("mlp", input_shape=(6,), num_classes=10, hidden=[8], seed=0)
     units = build_units(m, layer_view(m, (6,)), "paper")
@@ -768,7 +768,7 @@ def test_contributions_carry_their_coverage(vectorize: bool) -> None:
     tasks = _tasks(snapshot(m, 0), sizes, 4, epochs=1.0)
     shapes = [FULL, FULL, Suffix(2), Suffix(2), Width(0.5), Width(0.5)]
     tasks = [replace(t, plan=replace(t.plan, shape=s)) for t, s in zip(tasks, shapes, strict=True)]
-    ex = PartialExecutor(m, data, seed=0, lr=0.1, units=units, vectorize=vectorize)
+    ex = partial_executor(m, data, seed=0, lr=0.1, units=units, vectorize=vectorize)
     names = [n for n, _ in m.named_parameters()]
     for c, shape in zip(ex.run(tasks), shapes, strict=True):
         for n in names:
@@ -824,7 +824,7 @@ def test_a_shape_brings_its_own_loss(vectorize: bool) -> None:
 
     from fedclock.models import layer_view
     from fedclock.models.shapes import FULL, build_units
-    from fedclock.train.partial import PartialExecutor
+    from tests.conftest import partial_executor
 
     m = build_model("mlp", input_shape=(6,), num_classes=10, hidden=[8], seed=0).double()
     units = build_units(m, layer_view(m, (6,)), "paper")
@@ -836,7 +836,7 @@ def test_a_shape_brings_its_own_loss(vectorize: bool) -> None:
     tasks = [replace(t, plan=replace(t.plan, shape=s)) for t, s in zip(tasks, shapes, strict=True)]
     # clients 0/2 and 1/3 hold the same rows: equal gradients of CE
     data = replace(data, indices=[data.indices[0], data.indices[1]] * 2)
-    ex = PartialExecutor(m, data, seed=0, lr=0.1, units=units, vectorize=vectorize)
+    ex = partial_executor(m, data, seed=0, lr=0.1, units=units, vectorize=vectorize)
     out = ex.run(tasks)
     for full, own in ((out[0], out[2]), (out[1], out[3])):
         assert own.train_loss == pytest.approx(2 * full.train_loss, rel=1e-12)

@@ -81,6 +81,22 @@ def prefix_mask(
     return mask
 
 
+class Scale:
+    """HeteroFL's Scaler: a hidden module's output divided by the width rate in training."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+
+    def __call__(self, module: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
+        return output / self.rate
+
+
+def hidden_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules a width submodel's Scaler divides: every Linear/Conv2d but the last."""
+    found: list[nn.Module] = [m for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
+    return found[:-1]
+
+
 # --------------------------------------------------------------------- units
 @dataclass(frozen=True)
 class Units:

@@ -9,14 +9,23 @@ before it, nor on the executor that ran it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
+from torch.func import functional_call
 
-from fedclock.models.shapes import FULL, refuse
+from fedclock.models.shapes import (
+    FULL,
+    Layout,
+    Program,
+    Scale,
+    UnsupportedShapeError,
+    hidden_modules,
+    refuse,
+)
 from fedclock.rng import counter_key, counter_keys, splitmix64_array
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task
 from fedclock.train.local import CrossEntropy, Loss
@@ -173,8 +182,50 @@ def snapshot(model: nn.Module, version: int) -> ModelVersion:
     )
 
 
+def suffix_grads(
+    model: nn.Module,
+    suffix: Sequence[str],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: Loss | None = None,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Gradients of the loss (cross-entropy by default) for the named parameters only (and
+    the loss).
+
+    Parameters not in ``suffix`` are frozen during the forward pass, so autograd records no
+    backward graph below the first suffix layer and that backward is never run (the FLOPs
+    counted by ``torch.utils.flop_counter`` shrink with a SALF task's depth; see the tests).
+    """
+    params = dict(model.named_parameters())
+    wanted = set(suffix)
+    saved = {n: p.requires_grad for n, p in params.items()}
+    try:
+        for n, p in params.items():
+            p.requires_grad_(n in wanted)
+        loss = (loss_fn or CrossEntropy())(model(x), y)
+        names = [n for n in params if n in wanted]
+        if not names:
+            return {}, loss.detach()
+        grads = torch.autograd.grad(loss, [params[n] for n in names])
+    finally:
+        for n, p in params.items():
+            p.requires_grad_(saved[n])
+    return dict(zip(names, grads, strict=True)), loss.detach()
+
+
 class SerialExecutor:
-    """Runs tasks one after another on one working copy of the model."""
+    """Runs tasks one after another on one working copy of the model.
+
+    A full-model task is local SGD with ``torch.optim.SGD`` on the run's loss. Partial work
+    runs from its shape's :class:`~fedclock.models.shapes.Program` for the model's
+    ``layout``: only the program's parameters train (:func:`suffix_grads` backpropagates to
+    them alone), a submodel's slices train with the Scaler hooked on the hidden modules,
+    the program's own loss replaces the run's, and the tensors it does not send get Δ = 0;
+    SGD with torch.optim.SGD's semantics (dampening 0, no Nesterov) on those tensors.
+    ``trains_fully``: a layer-suffix task trains every tensor and sends tensors d..L_e (SALF's
+    reference mode); ``persistent_momentum``: each client's momentum buffers persist across
+    its tasks in ``momentum_store`` (the authors' one optimizer per user).
+    """
 
     def __init__(
         self,
@@ -188,6 +239,9 @@ class SerialExecutor:
         device: torch.device | str = "cpu",
         loss: Loss | None = None,
         proximal_mu: float = 0.0,
+        layout: Layout | None = None,
+        trains_fully: bool = False,
+        persistent_momentum: bool = False,
     ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -198,15 +252,38 @@ class SerialExecutor:
         self.weight_decay = weight_decay
         self.loss: Loss = loss if loss is not None else CrossEntropy()
         self.proximal_mu = proximal_mu
+        self.layout = layout
+        self.trains_fully = trains_fully
+        self.persistent_momentum = persistent_momentum
+        self.momentum_store: dict[int, dict[str, torch.Tensor]] = {}
         self._x = data.x.to(self.device)
         self._y = data.y.to(self.device)
+        self._names = [n for n, _ in model.named_parameters()]
+        self._hidden = hidden_modules(model)
+        self._full = Program(trains=tuple(self._names), sends=frozenset(self._names))
 
     def run(self, tasks: Sequence[Task]) -> list[Contribution]:
         return [self.run_one(t) for t in tasks]
 
     def run_one(self, task: Task) -> Contribution:
-        if task.plan.shape is not FULL:
-            raise refuse("serial executor", task.plan.shape, "full-model tasks")
+        shape = task.plan.shape
+        if shape is FULL and not self.persistent_momentum and not self.trains_fully:
+            return self._run_full(task)
+        if shape is FULL:
+            prog = self._full
+        else:
+            try:
+                prog = shape.program(self.layout, trains_fully=self.trains_fully)
+            except UnsupportedShapeError:
+                runs = (
+                    "full-model tasks" if self.layout is None else "tasks of a shape with a program"
+                )
+                raise refuse("serial executor", shape, runs) from None
+        if prog.views is not None:
+            return self._run_sliced(task, prog)
+        return self._run_program(task, prog)
+
+    def _run_full(self, task: Task) -> Contribution:
         model = self.model
         load_version(model, task.base)
         model.train()
@@ -239,3 +316,123 @@ class SerialExecutor:
             num_samples=len(idx),
             train_loss=total / max(1, len(steps)),
         )
+
+    # ---- partial work: SGD with torch.optim.SGD's semantics on the chosen tensors
+    def _step(
+        self,
+        client: int,
+        params: Mapping[str, torch.Tensor],
+        grads: dict[str, torch.Tensor],
+        views: Mapping[str, tuple[slice, ...]] | None = None,
+        base: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        # per client: kept across tasks (persistent_momentum) or reset at each task's start
+        bufs = self.momentum_store.setdefault(client, {})
+        with torch.no_grad():
+            for n, g in grads.items():
+                p = params[n]
+                if self.weight_decay:
+                    g = g + self.weight_decay * p
+                if self.proximal_mu and base is not None:  # μ(θ − θ_base): FedProx's term
+                    b0 = base[n][views[n]] if views is not None else base[n]
+                    g = g + self.proximal_mu * (p - b0.to(p.device))
+                if self.momentum:
+                    full = bufs.get(n)
+                    sl = views[n] if views is not None else None
+                    if full is None:
+                        shape = self.model.get_parameter(n).shape
+                        full = torch.zeros(shape, device=p.device)
+                        fresh = True
+                        bufs[n] = full
+                    else:
+                        fresh = False
+                    b = full[sl] if sl is not None else full
+                    if fresh:
+                        b.copy_(g)
+                    else:
+                        b.mul_(self.momentum).add_(g)
+                    g = b
+                p.sub_(self.lr * g)
+
+    def _run_program(self, task: Task, prog: Program) -> Contribution:
+        """A task that trains ``prog.trains`` of the model (a layer suffix: the prefix is frozen)."""
+        model = self.model
+        load_version(model, task.base)
+        model.train()
+        params = dict(model.named_parameters())
+        trains = list(prog.trains)
+        loss_fn = prog.loss or self.loss
+        idx = self.data.indices[task.client]
+        steps = batch_schedule(self.seed, task, len(idx))
+        if not self.persistent_momentum:
+            self.momentum_store.pop(task.client, None)
+        total = 0.0
+        for local in steps:
+            rows = idx[local].to(self.device)
+            grads, loss = suffix_grads(model, trains, self._x[rows], self._y[rows], loss_fn)
+            self._step(task.client, params, grads, base=task.base.params)
+            total += float(loss)
+        if not self.persistent_momentum:
+            self.momentum_store.pop(task.client, None)
+        delta: Params = {}
+        for n, p in params.items():
+            keep = n in prog.sends
+            delta[n] = (p.detach() - task.base.params[n]) if keep else torch.zeros_like(p)
+        buffers: Params = {}
+        shape = task.plan.shape
+        for n, b in model.named_buffers():
+            keep = shape is FULL or (self.layout is not None and shape.holds_buffer(self.layout, n))
+            buffers[n] = b.detach().clone() if keep else task.base.buffers[n].clone()
+        return Contribution(
+            task=task, delta=delta, buffers=buffers, num_samples=len(idx),
+            train_loss=total / max(1, len(steps)), coverage=prog.coverage,
+        )  # fmt: skip
+
+    def _run_sliced(self, task: Task, prog: Program) -> Contribution:
+        """A submodel task: each tensor's slice (``prog.views``) trains, the Scaler hooked."""
+        model = self.model
+        base = task.base.params
+        views = prog.views
+        assert views is not None
+        sub = {
+            n: base[n][views[n]].detach().clone().to(self.device).requires_grad_(True)
+            for n in self._names
+        }
+        load_version(model, task.base)
+        model.train()
+        hooks = (
+            [m.register_forward_hook(Scale(prog.scale)) for m in self._hidden]
+            if prog.scale is not None else []
+        )  # fmt: skip
+        loss_fn = prog.loss or self.loss
+        idx = self.data.indices[task.client]
+        steps = batch_schedule(self.seed, task, len(idx))
+        if not self.persistent_momentum:
+            self.momentum_store.pop(task.client, None)
+        total = 0.0
+        try:
+            for local in steps:
+                rows = idx[local].to(self.device)
+                out = functional_call(model, sub, (self._x[rows],))
+                loss = loss_fn(out, self._y[rows])
+                grads = torch.autograd.grad(loss, [sub[n] for n in self._names])
+                self._step(
+                    task.client, sub, dict(zip(self._names, grads, strict=True)), views,
+                    base=task.base.params,
+                )  # fmt: skip
+                total += float(loss.detach())
+        finally:
+            for h in hooks:
+                h.remove()
+        if not self.persistent_momentum:
+            self.momentum_store.pop(task.client, None)
+        delta: Params = {}
+        for n in self._names:
+            d = torch.zeros_like(base[n])
+            d[views[n]] = sub[n].detach() - base[n][views[n]]
+            delta[n] = d
+        buffers = {n: b.clone() for n, b in task.base.buffers.items()}
+        return Contribution(
+            task=task, delta=delta, buffers=buffers, num_samples=len(idx),
+            train_loss=total / max(1, len(steps)), coverage=prog.coverage,
+        )  # fmt: skip

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
 
 import torch
 from torch import nn
 
-from fedclock.models.shapes import WorkShape
+from fedclock.models.shapes import WorkShape, hidden_modules
 from fedclock.train.executor import ClientData, SerialExecutor
 from fedclock.train.local import LocalTraining, Needs
-from fedclock.train.partial import PartialExecutor
 from fedclock.train.vectorized import VectorizedExecutor, unsupported_model_reason
 
 log = logging.getLogger(__name__)
@@ -35,30 +33,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_vectorized_or_serial(
-    model: nn.Module,
-    data: ClientData,
-    *,
-    seed: int,
-    local: LocalTraining,
-    device: torch.device,
-    max_batch_clients: int | None = None,
-    delta_views: bool = False,
-) -> VectorizedExecutor | SerialExecutor:
-    """A :class:`VectorizedExecutor` if the model allows it, else a serial one (logged once)."""
-    reason = unsupported_model_reason(model)
-    kwargs: dict[str, Any] = dict(
-        seed=seed, lr=local.lr, momentum=local.momentum, weight_decay=local.weight_decay,
-        device=device, loss=local.loss, proximal_mu=local.proximal_mu,
-    )  # fmt: skip
-    if reason is not None:
-        log.info("vectorized executor unavailable (%s); using the serial executor", reason)
-        return SerialExecutor(model, data, **kwargs)
-    return VectorizedExecutor(
-        model, data, max_batch_clients=max_batch_clients, delta_views=delta_views, **kwargs
-    )
-
-
 def make_executor(
     needs: Needs,
     model: nn.Module,
@@ -69,13 +43,13 @@ def make_executor(
     kind: str = "auto",
     device: str = "cpu",
     max_batch_clients: int | None = None,
-) -> SerialExecutor | VectorizedExecutor | PartialExecutor:
-    """The executor for a strategy that declares ``needs``.
+) -> SerialExecutor | VectorizedExecutor:
+    """The executor for a strategy that declares ``needs``: one that runs every work shape
+    from its program (``WorkShape.program``), for the ``needs.layout`` of the model.
 
-    Full-model work: ``serial`` runs one task after another; ``vectorized`` and ``auto`` (the
-    default) a :class:`VectorizedExecutor`, which runs serially (logged once) what it cannot
-    batch. Partial work (layer suffixes, width slices, per-client momentum): a
-    :class:`PartialExecutor`, vectorized unless ``kind`` is ``serial``.
+    ``serial`` runs one task after another; ``vectorized`` and ``auto`` (the default) a
+    :class:`VectorizedExecutor` that batches tasks of equal programs and runs serially (logged
+    once) what it cannot batch — partial work on a model with buffers runs serially.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown executor {kind!r}; allowed: {', '.join(KINDS)}")
@@ -87,24 +61,28 @@ def make_executor(
     if unknown:
         names = ", ".join(sorted(t.__name__ for t in unknown))
         raise ValueError(f"no executor runs the work shapes {names} yet")
-    if not needs.partial:
-        if kind == "serial":
-            return SerialExecutor(
-                model, data, seed=seed, lr=local.lr, momentum=local.momentum,
-                weight_decay=local.weight_decay, device=dev, loss=local.loss,
-                proximal_mu=local.proximal_mu,
-            )  # fmt: skip
-        return make_vectorized_or_serial(
-            model, data, seed=seed, local=local, device=dev,
-            max_batch_clients=max_batch_clients, delta_views=needs.synchronous,
-        )  # fmt: skip
-    if needs.layout is None:
+    if needs.partial and needs.layout is None:
         raise ValueError("partial work needs the model's layout (Needs.layout)")
-    return PartialExecutor(
+    serial = SerialExecutor(
         model, data, seed=seed, lr=local.lr, momentum=local.momentum,
-        weight_decay=local.weight_decay, device=dev,
-        mode="reference" if needs.suffix_trains_fully else "paper",
-        units=needs.layout.units, persistent_momentum=needs.momentum_per_client,
-        vectorize=kind != "serial", max_batch_clients=max_batch_clients, loss=local.loss,
-        proximal_mu=local.proximal_mu,
+        weight_decay=local.weight_decay, device=dev, loss=local.loss,
+        proximal_mu=local.proximal_mu, layout=needs.layout,
+        trains_fully=needs.suffix_trains_fully, persistent_momentum=needs.momentum_per_client,
+    )  # fmt: skip
+    if kind == "serial":
+        return serial
+    reason = unsupported_model_reason(model)
+    if reason is None and needs.partial and any(True for _ in model.buffers()):
+        reason = "partial work on a model with buffers is not batched"
+    if reason is not None:
+        log.info("vectorized executor unavailable (%s); using the serial executor", reason)
+        return serial
+    return VectorizedExecutor(
+        model, data, seed=seed, lr=local.lr, momentum=local.momentum,
+        weight_decay=local.weight_decay, device=dev, loss=local.loss,
+        proximal_mu=local.proximal_mu, max_batch_clients=max_batch_clients,
+        delta_views=needs.synchronous, layout=needs.layout,
+        trains_fully=needs.suffix_trains_fully,
+        momentum_store=serial.momentum_store if needs.momentum_per_client else None,
+        scaled=hidden_modules(model) if needs.partial else (), serial=serial,
     )  # fmt: skip

@@ -65,9 +65,8 @@ outside :data:`BATCHABLE_MODULES` and :data:`BATCHNORM_MODULES` (e.g. ``nn.LSTM`
 whose fused kernel has no batching rule and gives wrong gradients under ``vmap``);
 task plans other than :class:`~fedclock.sim.types.TaskPlan` (task types this
 executor cannot batch yet); and on BatchNorm models, tasks with a partial batch
-(padding rows would enter the batch statistics) and SALF-family tasks (layer
-suffixes, reference mode, HeteroFL widths; :class:`~fedclock.train.partial.PartialExecutor`
-runs those serially for models with buffers anyway).
+(padding rows would enter the batch statistics) and partial work (``make_executor`` gives
+partial work on models with buffers to the serial executor anyway).
 """
 
 from __future__ import annotations
@@ -85,6 +84,7 @@ from fedclock.models.shapes import (
     FULL,
     Layout,
     Program,
+    Scale,
     UnsupportedShapeError,
     WorkShape,
     refuse,
@@ -200,16 +200,6 @@ def auto_max_batch_clients(
     act = _largest_activation(model, input_shape, torch.device(device))
     per_client = ref.element_size() * max(largest_param, batch_size * act)
     return max(1, block_bytes // per_client)
-
-
-class Scale:
-    """HeteroFL's Scaler: a hidden module's output divided by the width rate in training."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-
-    def __call__(self, module: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
-        return output / self.rate
 
 
 class VectorizedExecutor:
