@@ -639,7 +639,7 @@ def test_compare_lr_grid_picks_the_best_rate_and_sweeps_strategy_fields(tmp_path
 
 
 def test_compare_rejects_a_malformed_strategy_entry(tmp_path):
-    from fedclock.compare import parse_strategy
+    from fedclock.runs import parse_strategy
 
     assert parse_strategy("fedbuff:buffer_size=5:staleness=polynomial") == (
         "fedbuff",

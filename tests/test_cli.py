@@ -142,10 +142,9 @@ def test_compare_tables_merge_the_strategies_of_earlier_commands(tmp_path):
 def test_sweep_runs_fedavg_once_over_t_max(tmp_path):
     """FedAvg has no deadline: a sweep over strategy.t_max runs it at the first value only,
     and that run's metrics equal a FedAvg run at another t_max."""
-    from fedclock.compare import cell_config
     from fedclock.config import load_config
     from fedclock.experiment import run_experiment
-    from fedclock.sweep import reads, run_sweep
+    from fedclock.runs import cell_config, reads, run_sweep
 
     cfg = load_config(raw=tiny_raw(budget={"aggregations": 2}))
     assert not reads(cfg, "fedavg", "strategy.t_max") and reads(cfg, "fedavg", "train.lr")
@@ -164,9 +163,9 @@ def test_sweep_runs_fedavg_once_over_t_max(tmp_path):
 
 
 def test_stale_reason_names_why_a_finished_run_is_not_reused(tmp_path):
-    from fedclock.compare import reusable, stale_reason
     from fedclock.config import load_config
     from fedclock.experiment import run_experiment
+    from fedclock.runs import reusable, stale_reason
 
     cfg = load_config(raw=tiny_raw(budget={"aggregations": 1}))
     run_dir = tmp_path / "r"

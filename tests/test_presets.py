@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from fedclock.cli import app
 from fedclock.presets import load_preset, preset_names
-from fedclock.sweep import parse_over
+from fedclock.runs import parse_over
 from tests.conftest import require_data
 
 runner = CliRunner()

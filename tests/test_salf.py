@@ -469,7 +469,7 @@ def test_deadline_rounds_last_t_max_and_every_device_redraws(tmp_path, method: s
 
 
 def test_sweep_table_and_resume(tmp_path) -> None:
-    from fedclock.sweep import parse_over, run_sweep
+    from fedclock.runs import parse_over, run_sweep
 
     cfg = _cfg(**{"strategy.name": "salf", "budget.aggregations": 3})
     path, values = parse_over("population.straggler_ratio=0.5,0.9")
@@ -505,7 +505,7 @@ def test_sweep_table_and_resume(tmp_path) -> None:
 def test_sweep_table_merges_earlier_commands(tmp_path) -> None:
     """Two sweeps into one folder (e.g. two processes split by strategy) give one table;
     an earlier strategy joins at the values where all its seeds are finished."""
-    from fedclock.sweep import run_sweep
+    from fedclock.runs import run_sweep
 
     cfg = _cfg(**{"strategy.name": "salf", "budget.aggregations": 2})
     path, out = "population.straggler_ratio", tmp_path / "sweep"
@@ -526,7 +526,7 @@ def test_sweep_table_merges_earlier_commands(tmp_path) -> None:
 def test_sweep_runs_vanilla_once_over_fields_it_does_not_read(tmp_path) -> None:
     """Vanilla ignores the straggler ratio: one run per seed fills every value's row, and
     it equals a run made at another value."""
-    from fedclock.sweep import reads, run_sweep
+    from fedclock.runs import reads, run_sweep
 
     cfg = _cfg(**{"strategy.name": "salf", "budget.aggregations": 3})
     path, values = "population.straggler_ratio", [0.3, 0.9]

@@ -9,7 +9,6 @@ import warnings
 import pytest
 import yaml
 
-from fedclock.compare import cell_config
 from fedclock.config import (
     STRATEGY_OPTIONS,
     STRATEGY_PATHS,
@@ -23,8 +22,8 @@ from fedclock.config import (
 from fedclock.errors import ConfigError
 from fedclock.experiment import run_experiment
 from fedclock.presets import load_preset
+from fedclock.runs import cell_config, reads, with_value
 from fedclock.strategies import STRATEGIES
-from fedclock.sweep import reads, with_value
 from tests.conftest import tiny_raw
 
 

@@ -48,6 +48,14 @@ QuietOpt = Annotated[
         help="Print nothing but errors (and the --json object): no progress bar, notes or table.",
     ),
 ]
+StrategiesOpt = Annotated[  # compare and sweep
+    str | None,
+    typer.Option(help="Comma-separated strategies (default: the config's compare.strategies)."),
+]
+SeedsOpt = Annotated[
+    str | None,
+    typer.Option(help="Comma-separated seeds (default: compare.seeds, else the config's seed)."),
+]
 
 
 def _console(json_mode: bool, quiet: bool) -> Console:
@@ -204,20 +212,105 @@ def _note_merged(progress: Progress, out: Path, entry: str) -> None:
     )
 
 
+def _strategy_entries(text: str | None, cfg: Any, default: list[str]) -> list[str]:
+    """--strategies (else the config's compare.strategies, else ``default``), each entry's
+    strategy checked against the registry."""
+    from fedclock.errors import ConfigError
+    from fedclock.strategies import STRATEGIES
+
+    names = _csv_list(text, str) or list(cfg.compare.strategies) or default
+    for n in names:
+        if n.split(":")[0] not in STRATEGIES:
+            raise ConfigError(
+                f"Unknown strategy '{n}' in --strategies; allowed: {', '.join(sorted(STRATEGIES))}."
+            )
+    return names
+
+
+def _seed_list(text: str | None, cfg: Any) -> list[int]:
+    """--seeds, else the config's compare.seeds, else its seed."""
+    from fedclock.errors import ConfigError
+
+    try:
+        return _csv_list(text, int) or list(cfg.compare.seeds) or [cfg.seed]
+    except ValueError:
+        raise ConfigError(f"--seeds must be comma-separated integers, got '{text}'.") from None
+
+
+def _lr_rates(lr_grid: str | None, no_lr_grid: bool, cfg: Any, console: Console) -> list[float]:
+    """The learning rates of --lr-grid / --no-lr-grid, else of the config's compare.lr_grid."""
+    from fedclock.errors import ConfigError
+
+    if no_lr_grid and lr_grid is not None:
+        raise ConfigError("Give --lr-grid or --no-lr-grid, not both.")
+    rates: list[float]
+    if no_lr_grid:
+        rates = []
+    elif lr_grid is None:  # the config's grid, as a preset ships it
+        rates = list(cfg.compare.lr_grid)
+        if rates:
+            console.print(
+                f"learning-rate grid from compare.lr_grid: {', '.join(f'{r:g}' for r in rates)}"
+                " (each strategy at its best rate; --no-lr-grid runs train.lr only)",
+                highlight=False,
+            )
+    elif lr_grid.strip() == "preset":
+        rates = list(cfg.compare.lr_grid)
+        if not rates:
+            raise ConfigError("--lr-grid preset needs compare.lr_grid in the config.")
+    else:
+        try:
+            rates = _csv_list(lr_grid, float)
+        except ValueError:
+            raise ConfigError(
+                f"--lr-grid must be comma-separated numbers, got '{lr_grid}'."
+            ) from None
+        if any(not r > 0 for r in rates):
+            raise ConfigError(f"--lr-grid rates must all be > 0, got '{lr_grid}'.")
+    return rates
+
+
+def _out_dir(out: Path | None, cfg: Any, command: str) -> Path:
+    """--out, else ``<output_dir>/<command>-<name>``."""
+    return out or Path(cfg.output_dir) / f"{command}-{cfg.name}"
+
+
+def _grid_notes(progress: Progress, cfg: Any, out_dir: Path) -> dict[str, Any]:
+    """The callbacks of ``run_compare`` / ``run_sweep``: a progress bar per cell, and a note
+    for each reused, re-run and merged cell."""
+    return {
+        "progress_factory": lambda label: _Bar(progress, cfg, label),
+        "on_result": lambda s, seed, r: _note_reuse(progress, s, seed, r),
+        "on_merged": lambda e: _note_merged(progress, out_dir, e),
+        "on_rerun": lambda c, seed, why: _note_rerun(progress, c, seed, why),
+    }
+
+
+def _finish_grid(
+    console: Console,
+    table: Table,
+    out_dir: Path,
+    rows: list[dict[str, Any]],
+    error: str | None,
+    json_out: bool,
+) -> None:
+    """Print the table, the --json object ({"out", "rows"}) and a cell's error (exit 3)."""
+    console.print(table)
+    if json_out:
+        from fedclock.metrics.recorder import json_safe
+
+        typer.echo(json.dumps({"out": str(out_dir), "rows": json_safe(rows)}))
+    if error:
+        Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        raise typer.Exit(3)
+
+
 @app.command()
 def compare(
     config: ConfigArg = None,
     preset: PresetOpt = None,
-    strategies: Annotated[
-        str | None,
-        typer.Option(help="Comma-separated strategies (default: the config's compare.strategies)."),
-    ] = None,
-    seeds: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated seeds (default: compare.seeds, else the config's seed)."
-        ),
-    ] = None,
+    strategies: StrategiesOpt = None,
+    seeds: SeedsOpt = None,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -262,9 +355,7 @@ def compare(
 
     A strategy may carry strategy.* overrides after colons, e.g. fedfix:delta_t=0.2.
     """
-    from fedclock.compare import run_compare
-    from fedclock.errors import ConfigError
-    from fedclock.strategies import STRATEGIES
+    from fedclock.runs import run_compare
 
     console = _console(json_out, quiet)
     with _user_errors():
@@ -272,54 +363,15 @@ def compare(
         if target_accuracy is not None:
             extra.append(f"eval.target_accuracy={target_accuracy}")
         cfg = _load(config, preset, extra, data_dir, grid=True)
-        names = (
-            _csv_list(strategies, str)
-            or list(cfg.compare.strategies)
-            or ["fedavg", "drop-stragglers"]
-        )
-        for n in names:
-            if n.split(":")[0] not in STRATEGIES:
-                raise ConfigError(
-                    f"Unknown strategy '{n}' in --strategies; allowed: {', '.join(sorted(STRATEGIES))}."
-                )
-        if no_lr_grid and lr_grid is not None:
-            raise ConfigError("Give --lr-grid or --no-lr-grid, not both.")
-        if no_lr_grid:
-            rates = []
-        elif lr_grid is None:  # the config's grid, as a preset ships it
-            rates = list(cfg.compare.lr_grid)
-            if rates:
-                console.print(
-                    f"learning-rate grid from compare.lr_grid: {', '.join(f'{r:g}' for r in rates)}"
-                    " (each strategy at its best rate; --no-lr-grid runs train.lr only)",
-                    highlight=False,
-                )
-        elif lr_grid.strip() == "preset":
-            rates = list(cfg.compare.lr_grid)
-            if not rates:
-                raise ConfigError("--lr-grid preset needs compare.lr_grid in the config.")
-        else:
-            try:
-                rates = _csv_list(lr_grid, float)
-            except ValueError:
-                raise ConfigError(
-                    f"--lr-grid must be comma-separated numbers, got '{lr_grid}'."
-                ) from None
-            if any(not r > 0 for r in rates):
-                raise ConfigError(f"--lr-grid rates must all be > 0, got '{lr_grid}'.")
-        try:
-            seed_list = _csv_list(seeds, int) or list(cfg.compare.seeds) or [cfg.seed]
-        except ValueError:
-            raise ConfigError(f"--seeds must be comma-separated integers, got '{seeds}'.") from None
-        out_dir = out or Path(cfg.output_dir) / f"compare-{cfg.name}"
+        names = _strategy_entries(strategies, cfg, ["fedavg", "drop-stragglers"])
+        rates = _lr_rates(lr_grid, no_lr_grid, cfg, console)
+        seed_list = _seed_list(seeds, cfg)
+        out_dir = _out_dir(out, cfg, "compare")
         with _progress(console, quiet) as progress:
             rows, error = run_compare(
                 cfg, names, seed_list, out_dir, lr_grid=rates,
                 lr_tune_on=(lr_tune_on or cfg.compare.lr_tune_on) if rates else None,
-                progress_factory=lambda label: _Bar(progress, cfg, label),
-                on_result=lambda s, seed, r: _note_reuse(progress, s, seed, r),
-                on_merged=lambda e: _note_merged(progress, out_dir, e),
-                on_rerun=lambda c, seed, why: _note_rerun(progress, c, seed, why),
+                **_grid_notes(progress, cfg, out_dir),
             )  # fmt: skip
     budget = f", budget {cfg.budget.virtual_time:g} virtual s" if cfg.budget.virtual_time else ""
     spread = " (mean ± std)" if len(seed_list) > 1 else ""
@@ -364,14 +416,7 @@ def compare(
             cells.append(text if r["n_seeds"] == 1 or m != m else f"{text} ± {s:.2g}")
         table.add_row(r["strategy"], *cells)
     table.caption = f"{out_dir}/table.csv · {out_dir}/table.md · {out_dir}/accuracy.png"
-    console.print(table)
-    if json_out:
-        from fedclock.metrics.recorder import json_safe
-
-        typer.echo(json.dumps({"out": str(out_dir), "rows": json_safe(rows)}))
-    if error:
-        Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
-        raise typer.Exit(3)
+    _finish_grid(console, table, out_dir, rows, error, json_out)
 
 
 @app.command()
@@ -382,16 +427,8 @@ def sweep(
         str | None,
         typer.Option(help="section.field=v1,v2,... to sweep (default: the config's compare.over)."),
     ] = None,
-    strategies: Annotated[
-        str | None,
-        typer.Option(help="Comma-separated strategies (default: the config's compare.strategies)."),
-    ] = None,
-    seeds: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated seeds (default: compare.seeds, else the config's seed)."
-        ),
-    ] = None,
+    strategies: StrategiesOpt = None,
+    seeds: SeedsOpt = None,
     out: Annotated[
         Path | None,
         typer.Option("--out", "-o", help="Output folder (default runs/sweep-<name>)."),
@@ -407,8 +444,7 @@ def sweep(
     split over processes with --strategies ends in one table.
     """
     from fedclock.errors import ConfigError
-    from fedclock.strategies import STRATEGIES
-    from fedclock.sweep import headline_metric, parse_over, run_sweep
+    from fedclock.runs import headline_metric, parse_over, run_sweep
 
     console = _console(json_out, quiet)
     with _user_errors():
@@ -419,25 +455,13 @@ def sweep(
                 "Give --over section.field=v1,v2,... (or compare.over in the config)."
             )
         path, values = parse_over(text)
-        names = _csv_list(strategies, str) or list(cfg.compare.strategies) or [cfg.strategy.name]
-        for n in names:
-            if n.split(":")[0] not in STRATEGIES:
-                raise ConfigError(
-                    f"Unknown strategy '{n}' in --strategies; allowed: {', '.join(sorted(STRATEGIES))}."
-                )
-        try:
-            seed_list = _csv_list(seeds, int) or list(cfg.compare.seeds) or [cfg.seed]
-        except ValueError:
-            raise ConfigError(f"--seeds must be comma-separated integers, got '{seeds}'.") from None
-        out_dir = out or Path(cfg.output_dir) / f"sweep-{cfg.name}"
+        names = _strategy_entries(strategies, cfg, [cfg.strategy.name])
+        seed_list = _seed_list(seeds, cfg)
+        out_dir = _out_dir(out, cfg, "sweep")
         with _progress(console, quiet) as progress:
             rows, error = run_sweep(
-                cfg, path, values, names, seed_list, out_dir,
-                progress_factory=lambda label: _Bar(progress, cfg, label),
-                on_result=lambda s, seed, r: _note_reuse(progress, s, seed, r),
-                on_merged=lambda e: _note_merged(progress, out_dir, e),
-                on_rerun=lambda c, seed, why: _note_rerun(progress, c, seed, why),
-            )  # fmt: skip
+                cfg, path, values, names, seed_list, out_dir, **_grid_notes(progress, cfg, out_dir)
+            )
     metric = headline_metric(rows)
     table = Table(title=f"{cfg.name}: {metric} over {path} ({len(seed_list)} seed(s))")
     table.add_column("strategy", no_wrap=True)
@@ -449,14 +473,7 @@ def sweep(
             name, *(format(by_v[v][f"{metric}_mean"], ".3f") if v in by_v else "—" for v in values)
         )
     table.caption = f"{out_dir}/table.csv · {out_dir}/table.md · {out_dir}/pivot.md · sweep.png"
-    console.print(table)
-    if json_out:
-        from fedclock.metrics.recorder import json_safe
-
-        typer.echo(json.dumps({"out": str(out_dir), "rows": json_safe(rows)}))
-    if error:
-        Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
-        raise typer.Exit(3)
+    _finish_grid(console, table, out_dir, rows, error, json_out)
 
 
 @app.command()
@@ -491,7 +508,7 @@ def plot(
     sweep folders, one panel per sweep: the metric against the swept value per strategy."""
     from fedclock.errors import DataError
     from fedclock.metrics.plots import plot_groups, plot_sweeps, read_metrics, read_table
-    from fedclock.sweep import headline_metric
+    from fedclock.runs import headline_metric
 
     with _user_errors():
         tables = [d for d in run_dirs if (d / "table.csv").is_file()]

@@ -1,4 +1,5 @@
-"""Plots of accuracy against virtual time and aggregation index."""
+"""Plots of accuracy against virtual time and aggregation index, of Fraboni et al.'s loss
+panels, and of sweeps (a metric against the swept value)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,46 @@ def plot_groups(
     ax_t.legend(loc="lower right", fontsize=9)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+LOSS_PANELS = (
+    ("federated_loss", "federated loss, eq. (2)"),
+    ("participation_loss", "participation-weighted loss (authors' surrogate)"),
+    ("surrogate_loss", "surrogate loss, eq. (10), own q"),
+    ("client_loss_std", "std of the client losses"),
+)
+
+
+def plot_loss_panels(
+    groups: dict[str, list[dict[str, np.ndarray]]], out: Path, *, title: str
+) -> Path:
+    """Fraboni et al.'s Fig. 2 panels vs virtual time (log scale): mean ± std over seeds."""
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
+    for (metric, label), ax in zip(LOSS_PANELS, axes.flat, strict=True):
+        for i, (name, runs) in enumerate(groups.items()):
+            runs = [r for r in runs if r]
+            if not runs:
+                continue
+            end = min(r["virtual_time"][-1] for r in runs)
+            grid = np.linspace(0.0, end, 600)
+            ys = np.stack([step_interp(r["virtual_time"], r[metric], grid) for r in runs])
+            mean, std = np.nanmean(ys, 0), np.nanstd(ys, 0)
+            color = colour(i, len(groups))
+            ax.plot(grid, mean, color=color, lw=1.4, label=f"{name} ({len(runs)} seeds)")
+            if len(runs) > 1:
+                ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, lw=0)
+        ax.set_yscale("log")
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+    for ax in axes[1]:
+        ax.set_xlabel("virtual time (s)")
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(title)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

@@ -97,9 +97,21 @@ def versions() -> dict[str, str]:
     return out
 
 
-# files that never change a run's metrics: the command line, tables, plots (presets only
-# produce configs, and a run's config is compared on its own)
-_NOT_COMPUTE = ("cli.py", "__main__.py", "compare.py", "sweep.py", "metrics/plots.py")
+# files that never change a run's metrics: the command line, the grids of many runs
+# (fedclock.runs: cells, cache, tables), plots (presets only produce configs, and a run's
+# config is compared on its own)
+_NOT_COMPUTE = (
+    "cli.py",
+    "__main__.py",
+    "runs/__init__.py",
+    "runs/grid.py",
+    "runs/cache.py",
+    "runs/lr.py",
+    "runs/tables.py",
+    "runs/compare.py",
+    "runs/sweep.py",
+    "metrics/plots.py",
+)
 
 
 @functools.cache

@@ -4,73 +4,31 @@ Every (strategy, value, seed) cell is one run under ``OUT/runs/<strategy>/<path>
 a finished cell whose stored config matches is reused (resumable). A strategy that does not
 read the swept field (``fedavg`` over t_max, SALF-family ``vanilla`` over the straggler
 ratio or t_max) runs at the first value only and its results fill the other values' rows. The table
-(``table.csv`` / ``table.md``, table contract of :mod:`fedclock.compare`: identifying
+(``table.csv`` / ``table.md``, table contract of :mod:`fedclock.runs.tables`: identifying
 columns ``strategy`` and the swept path, then ``<metric>_mean``/``_std`` over seeds) is
-written with compare's helpers; ``pivot.md`` holds the headline metric as a
+written with the comparison's helpers; ``pivot.md`` holds the headline metric as a
 strategy × value grid (SALF's Table II layout) and ``sweep.png`` plots it.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from fedclock.compare import (
-    aggregate_rows,
+from fedclock.config import ExperimentConfig
+from fedclock.errors import ConfigError
+from fedclock.experiment import RunResult
+from fedclock.runs.cache import reusable, run_cell, stale_reason
+from fedclock.runs.grid import (
     cell_config,
     entry_dir,
     parse_strategy,
+    reads,
     remember_entries,
-    reusable,
-    run_cell,
-    stale_reason,
-    write_table,
+    with_value,
 )
-from fedclock.config import ExperimentConfig, apply_overrides, validate
-from fedclock.errors import ConfigError
-from fedclock.experiment import RunResult
-
-
-def parse_over(text: str) -> tuple[str, list[Any]]:
-    """``"population.straggler_ratio=0.3,0.5"`` → ``("population.straggler_ratio", [0.3, 0.5])``."""
-    path, eq, values = text.partition("=")
-    if not eq or not path.strip() or not values.strip():
-        raise ConfigError(f"--over must look like section.field=v1,v2,..., got '{text}'.")
-    try:
-        vals = [yaml.safe_load(v) for v in values.split(",")]
-    except yaml.YAMLError:
-        raise ConfigError(f"--over '{text}' has a value that is not valid YAML.") from None
-    return path.strip(), vals
-
-
-def with_value(cfg: ExperimentConfig, path: str, value: Any) -> ExperimentConfig:
-    data = cfg.model_dump()
-    text = yaml.safe_dump(value, default_flow_style=True).strip()
-    if text.endswith("..."):
-        text = text[: -len("...")].strip()
-    return validate(apply_overrides(data, [f"{path}={text}"]), role="grid")
-
-
-def headline_metric(rows: Sequence[dict[str, Any]]) -> str:
-    """The Table II metric: best-validation checkpoint's test accuracy if recorded."""
-    for key in ("val_best_test_accuracy", "final_test_accuracy"):
-        if rows and f"{key}_mean" in rows[0]:
-            return key
-    return "final_test_accuracy"
-
-
-def reads(cfg: ExperimentConfig, strategy: str, path: str) -> bool:
-    """Whether ``strategy``'s runs on ``cfg`` depend on the config field ``path`` (False: one
-    run per seed serves every value of a sweep over it). The registry says: each strategy's
-    options class lists the fields it reads (:meth:`fedclock.config.StrategyOptions.reads`),
-    e.g. FedAvg has no deadline and SALF's vanilla neither a deadline nor stragglers."""
-    from fedclock.strategies import STRATEGIES
-
-    return STRATEGIES[strategy].reads(cfg, path)
+from fedclock.runs.tables import aggregate_rows, write_pivot, write_table
 
 
 def run_sweep(
@@ -148,29 +106,3 @@ def run_sweep(
         write_table(rows, out, id_cols=["strategy", path])
         write_pivot(rows, out, path, list(values))
     return rows, error
-
-
-def write_pivot(rows: Sequence[dict[str, Any]], out: Path, path: str, values: list[Any]) -> None:
-    """pivot.md (strategy × value, mean ± std of the headline metric) and sweep.png."""
-    from fedclock.metrics.plots import plot_sweeps
-
-    metric = headline_metric(rows)
-    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
-    lines = [
-        f"{metric} (mean ± std over seeds)",
-        "",
-        "| strategy | " + " | ".join(f"{path}={v}" for v in values) + " |",
-        "|---|" + "---|" * len(values),
-    ]
-    for s in strategies:
-        by_v = {r[path]: r for r in rows if r["strategy"] == s}
-        cells = []
-        for v in values:
-            r = by_v.get(v)
-            m = r[f"{metric}_mean"] if r else math.nan
-            sd = r[f"{metric}_std"] if r else math.nan
-            n = r["n_seeds"] if r else 0
-            cells.append("—" if m != m else (f"{m:.3f}" if n == 1 else f"{m:.3f} ± {sd:.3f}"))
-        lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    (out / "pivot.md").write_text("\n".join(lines) + "\n")
-    plot_sweeps({out.name: rows}, out / "sweep.png", metric=metric)

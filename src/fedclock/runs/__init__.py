@@ -1,0 +1,53 @@
+"""Many experiments at once: ``fedclock compare`` and ``fedclock sweep``.
+
+A comparison runs strategies × seeds (× learning rates) on one config, a sweep strategies ×
+values of one config field × seeds; both end in one table.
+
+- :mod:`~fedclock.runs.grid`: strategy entries (``fedfix:delta_t=0.2``), the config and run
+  folder of each cell, ``OUT/grid.json`` (the entries every command ran into ``OUT``), the
+  swept field and which strategies read it.
+- :mod:`~fedclock.runs.cache`: the cache of finished runs — reuse a cell's finished run with
+  the same config, version and source, else say why it is re-run.
+- :mod:`~fedclock.runs.lr`: learning-rate selection over ``compare.lr_grid``.
+- :mod:`~fedclock.runs.tables`: ``table.csv`` / ``table.md`` (mean ± std over seeds) and a
+  sweep's ``pivot.md``.
+- :mod:`~fedclock.runs.compare` (``run_compare``) and :mod:`~fedclock.runs.sweep`
+  (``run_sweep``) run the grids; their plots live in :mod:`fedclock.metrics.plots`.
+"""
+
+from fedclock.runs.cache import reusable, run_cell, stale_reason
+from fedclock.runs.compare import run_compare
+from fedclock.runs.grid import (
+    GRID_FILE,
+    cell_config,
+    entry_dir,
+    parse_over,
+    parse_strategy,
+    reads,
+    remember_entries,
+    with_value,
+)
+from fedclock.runs.lr import selection_loss
+from fedclock.runs.sweep import run_sweep
+from fedclock.runs.tables import aggregate_rows, headline_metric, write_pivot, write_table
+
+__all__ = [
+    "GRID_FILE",
+    "aggregate_rows",
+    "cell_config",
+    "entry_dir",
+    "headline_metric",
+    "parse_over",
+    "parse_strategy",
+    "reads",
+    "remember_entries",
+    "reusable",
+    "run_cell",
+    "run_compare",
+    "run_sweep",
+    "selection_loss",
+    "stale_reason",
+    "with_value",
+    "write_pivot",
+    "write_table",
+]

@@ -1,0 +1,117 @@
+"""Tables of a comparison or sweep: one row per strategy entry (and swept value), the
+identifying columns first, then ``<metric>_mean``/``_std`` over seeds and ``n_seeds``
+(``table.csv``, ``table.md``); a sweep adds ``pivot.md``, its headline metric as a
+strategy × value grid (SALF's Table II layout), and ``sweep.png``."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# summary.json fields that identify a run rather than measure it
+_NOT_METRICS = {"seed", "num_clients", "target_accuracy"}
+
+
+def aggregate_rows(summaries: Sequence[dict[str, Any]], keys: dict[str, Any]) -> dict[str, Any]:
+    """One table row: identifying ``keys``, then <metric>_mean/_std over seeds, then n_seeds.
+
+    std is the sample standard deviation (0 for one seed). A metric missing in
+    any seed (e.g. time_to_target when a seed never reached it) has mean NaN.
+    """
+    row: dict[str, Any] = dict(keys)
+    names = [
+        k for k, v in summaries[0].items()
+        if k not in _NOT_METRICS and (isinstance(v, int | float) or v is None) and not isinstance(v, bool)
+    ]  # fmt: skip
+    for k in names:
+        vals = [s.get(k) for s in summaries]
+        if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in vals):
+            mean = std = math.nan
+        else:
+            arr = np.asarray(vals, dtype=float)
+            mean = float(arr.mean())
+            std = float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
+        row[f"{k}_mean"] = mean
+        row[f"{k}_std"] = std
+    row["n_seeds"] = len(summaries)
+    return row
+
+
+def write_table(rows: Sequence[dict[str, Any]], out: Path, *, id_cols: Sequence[str]) -> None:
+    """table.csv (every column) and table.md (headline metrics as mean ± std)."""
+    out.mkdir(parents=True, exist_ok=True)
+    cols = list(dict.fromkeys(k for r in rows for k in r))  # rows merged from earlier commands
+    with (out / "table.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols, restval="")
+        w.writeheader()
+        for r in rows:
+            w.writerow(
+                {k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            )
+    headline = [
+        ("final_test_accuracy", "final acc", 3),
+        ("best_test_accuracy", "best acc", 3),
+        ("final_test_loss", "final loss", 3),
+        ("federated_loss_tail", "federated loss (last 10%)", 3),
+        ("participation_loss_tail", "participation loss (last 10%)", 3),
+        ("surrogate_loss_tail", "surrogate loss (last 10%)", 3),
+        ("client_loss_std_tail", "client loss std (last 10%)", 3),
+        ("mean_staleness", "mean staleness", 3),
+        ("time_to_target", "time to target (s)", 4),
+        ("virtual_time", "virtual time (s)", 4),
+        ("aggregations", "aggregations", 4),
+        ("updates_discarded", "discarded", 4),
+        ("useful_work_ratio", "useful work", 3),
+    ]
+    present = [h for h in headline if f"{h[0]}_mean" in cols]
+    lines = [
+        "| " + " | ".join([*id_cols, *(h[1] for h in present), "seeds"]) + " |",
+        "|" + "---|" * (len(id_cols) + len(present) + 1),
+    ]
+    for r in rows:
+        cells = [str(r[c]) for c in id_cols]
+        for key, _, digits in present:
+            m, s = r.get(f"{key}_mean", math.nan), r.get(f"{key}_std", math.nan)
+            cells.append("—" if math.isnan(m) else f"{m:.{digits}g} ± {s:.2g}")
+        cells.append(str(r["n_seeds"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+
+
+def write_pivot(rows: Sequence[dict[str, Any]], out: Path, path: str, values: list[Any]) -> None:
+    """pivot.md (strategy × value, mean ± std of the headline metric) and sweep.png."""
+    from fedclock.metrics.plots import plot_sweeps
+
+    metric = headline_metric(rows)
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    lines = [
+        f"{metric} (mean ± std over seeds)",
+        "",
+        "| strategy | " + " | ".join(f"{path}={v}" for v in values) + " |",
+        "|---|" + "---|" * len(values),
+    ]
+    for s in strategies:
+        by_v = {r[path]: r for r in rows if r["strategy"] == s}
+        cells = []
+        for v in values:
+            r = by_v.get(v)
+            m = r[f"{metric}_mean"] if r else math.nan
+            sd = r[f"{metric}_std"] if r else math.nan
+            n = r["n_seeds"] if r else 0
+            cells.append("—" if m != m else (f"{m:.3f}" if n == 1 else f"{m:.3f} ± {sd:.3f}"))
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    (out / "pivot.md").write_text("\n".join(lines) + "\n")
+    plot_sweeps({out.name: rows}, out / "sweep.png", metric=metric)
+
+
+def headline_metric(rows: Sequence[dict[str, Any]]) -> str:
+    """The Table II metric: best-validation checkpoint's test accuracy if recorded."""
+    for key in ("val_best_test_accuracy", "final_test_accuracy"):
+        if rows and f"{key}_mean" in rows[0]:
+            return key
+    return "final_test_accuracy"
