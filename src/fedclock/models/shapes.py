@@ -18,6 +18,7 @@ choose shapes; executors run the shapes they support and refuse the rest
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -73,6 +74,76 @@ def width_shapes(shapes: Sequence[tuple[int, ...]], rate: float) -> list[tuple[i
     return out
 
 
+#: Fed-RAA's fragment sizes, % of each split layer's neurons (Zhang et al., Table 4)
+FRAGMENT_RATIOS: dict[int, tuple[float, ...]] = {
+    2: (40.0, 60.0),
+    3: (20.0, 30.0, 50.0),
+    4: (10.0, 20.0, 30.0, 40.0),
+    5: (5.0, 10.0, 20.0, 30.0, 35.0),
+}
+
+
+def group_bounds(count: int, ratios: Sequence[float]) -> list[int]:
+    """Boundaries of consecutive groups holding ``ratios`` % of ``count`` units:
+    b_j = round(count · (r_1 + … + r_j) / 100), b_0 = 0, b_M = count."""
+    total, out, acc = sum(ratios), [0], 0.0
+    for r in ratios:
+        acc += r
+        out.append(round(count * acc / total))
+    return out
+
+
+def fragment_masks(
+    shapes: dict[str, tuple[int, ...]], ratios: Sequence[float]
+) -> list[dict[str, torch.Tensor]]:
+    """Fed-RAA's fragments (our reading of Zhang et al., App. C): fragment j is neuron group
+    j of every hidden layer — those neurons' incoming weights and biases and their outgoing
+    weights into the next layer (the next hidden layer's group j, or every output unit).
+
+    Tensors in forward order; every tensor of ≥ 2 dims is a weight layer whose first dim is
+    its output units (channels for a convolution); the last weight layer is the output
+    layer, whose outputs (and bias) every fragment holds. A linear layer after a
+    convolution takes the group's channels' flattened features (channel-major). A group
+    gets ``ratios[j]`` % of each hidden layer's units (:func:`group_bounds`). Returns one
+    boolean mask per tensor per fragment; together they cover every element of the hidden
+    layers once, the output bias in every fragment.
+    """
+    names = list(shapes)
+    weights = [n for n in names if len(shapes[n]) >= 2]
+    if len(weights) < 2:
+        raise ValueError("a model split into fragments needs a hidden layer")
+    last = weights[-1]
+    masks: list[dict[str, torch.Tensor]] = [
+        {n: torch.zeros(shapes[n], dtype=torch.bool) for n in names} for _ in ratios
+    ]
+    prev: list[int] | None = None  # the previous layer's group bounds (input: none)
+    prev_units = 0
+    cur: list[int] | None = None
+    for n in names:
+        s = shapes[n]
+        if len(s) >= 2:
+            fan_in = s[1]
+            per_unit = 1 if prev is None else fan_in // max(1, prev_units)
+            cur = None if n == last else group_bounds(s[0], ratios)
+            if cur is not None and any(b == a for a, b in itertools.pairwise(cur)):
+                raise ValueError(
+                    f"layer {n!r} has {s[0]} units: too few for {len(ratios)} fragments of "
+                    f"{', '.join(f'{r:g}' for r in ratios)} %"
+                )
+            for j, m in enumerate(masks):
+                rows = slice(None) if cur is None else slice(cur[j], cur[j + 1])
+                cols = (
+                    slice(None) if prev is None
+                    else slice(prev[j] * per_unit, prev[j + 1] * per_unit)
+                )  # fmt: skip
+                m[n][(rows, cols)] = True
+            prev, prev_units = cur, s[0]
+        elif len(s) == 1:  # a bias: its layer's group, or shared (the output layer)
+            for j, m in enumerate(masks):
+                m[n][slice(None) if cur is None else slice(cur[j], cur[j + 1])] = True
+    return masks
+
+
 def prefix_mask(
     shape: tuple[int, ...], keep: tuple[int, ...], device: torch.device | str = "cpu"
 ) -> torch.Tensor:
@@ -115,6 +186,8 @@ class Units:
     # backward FLOPs of a unit when it is the deepest computed: its input gradient is not
     # needed, so only the weight gradient (= its forward FLOPs) is charged
     bwd_first: tuple[float, ...] = ()
+    # forward FLOPs per sample of each unit (paper mode; a model fragment's cost)
+    unit_fwd: tuple[float, ...] = ()
 
     def suffix_bwd(self, depth: int) -> float:
         """Backward FLOPs per sample of a task of this depth (units depth..L)."""
@@ -147,7 +220,7 @@ def build_units(model: torch.nn.Module, layers: Sequence[Any], mode: str) -> Uni
         bwd_first = tuple(min(lay.fwd_flops, lay.bwd_flops) for lay in layers)
         return Units(
             len(layers), of_param, of_buffer, tuple(lay.bwd_flops for lay in layers), fwd, nbytes,
-            bwd_first,
+            bwd_first, tuple(lay.fwd_flops for lay in layers),
         )  # fmt: skip
     entries = list(model.state_dict().items())
     of_param, of_buffer, bwd, nb = {}, {}, [], []
@@ -179,11 +252,21 @@ class Layout:
     _programs: dict[tuple[Any, bool], Program] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _fragments: dict[tuple[float, ...], list[dict[str, torch.Tensor]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def of(cls, model: nn.Module, units: Units, model_bytes: int, **kw: Any) -> Layout:
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         return cls(units=units, param_shapes=shapes, model_bytes=model_bytes, **kw)
+
+    def fragment(self, ratios: tuple[float, ...], index: int) -> dict[str, torch.Tensor]:
+        """Fragment ``index``'s element masks (:func:`fragment_masks`, cached per ratios)."""
+        got = self._fragments.get(ratios)
+        if got is None:
+            got = self._fragments[ratios] = fragment_masks(self.param_shapes, ratios)
+        return got[index]
 
     def width_keep(self, rate: float) -> dict[str, tuple[int, ...]]:
         """The prefix each tensor keeps in a width-``rate`` submodel (cached per rate)."""
@@ -215,10 +298,14 @@ class Program:
     # the task's objective (a ``fedclock.train.local.Loss``, e.g. an early exit's head) in
     # place of the run's; None: the run's loss
     loss: Any = None
+    # element masks (a model fragment): the task's model holds only these elements of
+    # each named tensor (the others are zero while it trains, and their Δ is 0)
+    masks: Mapping[str, torch.Tensor] | None = None
+    tag: Hashable = None  # tells apart programs that differ only in their masks
 
     @property
     def key(self) -> Hashable:
-        return (self.trains, self.scale, self.loss)
+        return (self.trains, self.scale, self.loss, self.tag)
 
 
 class WorkShape:
@@ -379,3 +466,64 @@ class Width(WorkShape):
             bytes_down=int(scale * layout.model_bytes),
             bytes_up=int(scale * layout.model_bytes),
         )
+
+
+@dataclass(frozen=True)
+class Fragment(WorkShape):
+    """Fed-RAA's model fragment ``index`` (0-based) of ``len(ratios)``: neuron group
+    ``index`` of every hidden layer (:func:`fragment_masks`). The task's model holds only the
+    fragment (the other hidden neurons are absent: their weights are zero while it trains);
+    it trains and sends the fragment's elements, the output bias included (every fragment
+    holds it)."""
+
+    index: int
+    ratios: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < len(self.ratios):
+            raise ValueError(f"fragment {self.index} of {len(self.ratios)} does not exist")
+
+    def describe(self) -> str:
+        return f"fragment {self.index + 1} of {len(self.ratios)} ({self.ratios[self.index]:g} %)"
+
+    def _masks(self, layout: Layout) -> dict[str, torch.Tensor]:
+        return layout.fragment(self.ratios, self.index)
+
+    def trains(self, layout: Layout, name: str) -> bool:
+        return bool(self._masks(layout)[name].any())
+
+    def holds_buffer(self, layout: Layout, name: str) -> bool:
+        return False  # models with buffers are not split
+
+    def coverage(self, layout: Layout, name: str, like: torch.Tensor) -> torch.Tensor | bool:
+        m = self._masks(layout)[name]
+        return True if bool(m.all()) else m.to(like.device)
+
+    def _program(self, layout: Layout, trains_fully: bool) -> Program:
+        masks = self._masks(layout)
+        names = tuple(n for n in layout.param_shapes if bool(masks[n].any()))
+        partial = {n: masks[n] for n in names if not bool(masks[n].all())}
+        cover: dict[str, torch.Tensor | bool] = {
+            n: (partial[n] if n in partial else bool(masks[n].any())) for n in layout.param_shapes
+        }
+        return Program(
+            trains=names, sends=frozenset(names), coverage=cover, masks=partial,
+            tag=(self.index, self.ratios),
+        )  # fmt: skip
+
+    def cost(self, layout: Layout, samples: int) -> TaskCost:
+        """Each unit's forward and backward FLOPs scaled by the share of its weights the
+        fragment holds; the fragment's bytes down and up."""
+        u, masks = layout.units, self._masks(layout)
+        share = [0.0] * u.count
+        for n, m in masks.items():
+            if len(layout.param_shapes[n]) >= 2:  # a unit's weight tensor
+                share[u.of_param[n] - 1] = int(m.sum()) / m.numel()
+        fwd = u.unit_fwd or (u.fwd_flops / u.count,) * u.count
+        # as a full task: the input layer's backward is its weight gradient only
+        bwd = (u.bwd_first[0] if u.bwd_first else u.bwd_flops[0], *u.bwd_flops[1:])
+        flops = sum((f + b) * s for f, b, s in zip(fwd, bwd, share, strict=True))
+        total = sum(math.prod(s) for s in layout.param_shapes.values())
+        held = sum(int(m.sum()) for m in masks.values())
+        nbytes = int(layout.model_bytes * held / max(1, total))
+        return TaskCost(flops=samples * flops, bytes_down=nbytes, bytes_up=nbytes)

@@ -362,6 +362,10 @@ class SerialExecutor:
         params = dict(model.named_parameters())
         trains = list(prog.trains)
         loss_fn = prog.loss or self.loss
+        masks = {n: m.to(self.device) for n, m in (prog.masks or {}).items()}
+        with torch.no_grad():  # a fragment's model holds only its elements
+            for n, m in masks.items():
+                params[n].mul_(m)
         idx = self.data.indices[task.client]
         steps = batch_schedule(self.seed, task, len(idx))
         if not self.persistent_momentum:
@@ -371,6 +375,9 @@ class SerialExecutor:
             rows = idx[local].to(self.device)
             grads, loss = suffix_grads(model, trains, self._x[rows], self._y[rows], loss_fn)
             self._step(task.client, params, grads, base=task.base.params)
+            with torch.no_grad():  # outside its fragment the model stays 0
+                for n, m in masks.items():
+                    params[n].mul_(m)
             total += float(loss)
         if not self.persistent_momentum:
             self.momentum_store.pop(task.client, None)
@@ -378,6 +385,8 @@ class SerialExecutor:
         for n, p in params.items():
             keep = n in prog.sends
             delta[n] = (p.detach() - task.base.params[n]) if keep else torch.zeros_like(p)
+            if n in masks:  # Δ = 0 outside the fragment
+                delta[n].mul_(masks[n])
         buffers: Params = {}
         shape = task.plan.shape
         for n, b in model.named_buffers():

@@ -480,6 +480,7 @@ class VectorizedExecutor:
 
         shape = tasks[0].plan.shape
         self._block_loss = self.loss
+        self._block_masks: list[tuple[int, torch.Tensor]] = []
         if shape is FULL:
             names, fixed, views, rate = self._names, [], None, None
         else:  # e.g. a SALF suffix: units d..L train, the prefix is a frozen input
@@ -490,6 +491,11 @@ class VectorizedExecutor:
             views, rate = prog.views, prog.scale
             if prog.loss is not None:
                 self._block_loss = prog.loss
+            if prog.masks:  # a model fragment: (index in names, its element mask)
+                self._block_masks = [
+                    (i, prog.masks[n].to(self.device)) for i, n in enumerate(names)
+                    if n in prog.masks
+                ]  # fmt: skip
 
         def cut(t: torch.Tensor, n: str) -> torch.Tensor:  # a submodel's slice of a tensor
             return t[views[n]] if views is not None else t
@@ -538,6 +544,9 @@ class VectorizedExecutor:
                 for n, p in zip(names, params, strict=True)
             ]  # fmt: skip
         loss_sum = torch.zeros(n_clients, dtype=torch.float64, device=self.device)
+        with torch.no_grad():  # a fragment's model holds only its elements
+            for i, m in self._block_masks:
+                params[i].mul_(m)
 
         scale = Scale(rate) if rate is not None else None
         hooks = [m.register_forward_hook(scale) for m in self._scaled] if scale else []
@@ -595,6 +604,8 @@ class VectorizedExecutor:
                     torch._foreach_add_(b_k, g)
                     g = b_k
                 torch._foreach_add_(p_k, g, alpha=-lr)
+                for i, m in self._block_masks:  # outside its fragment the model stays 0
+                    p_k[i].mul_(m)
                 loss_sum[:k] += loss.detach()
 
     def _contributions(
@@ -626,6 +637,8 @@ class VectorizedExecutor:
             if self._delta_views:
                 for p, ref in zip(params, base_params, strict=True):
                     p.sub_(ref)  # (C, ...) − (...) broadcasts over the block when shared
+                for i, m in self._block_masks:  # Δ = 0 outside the fragment
+                    params[i].mul_(m)
                 flat = [p[j] for j in range(len(tasks)) for p in params]
             else:
                 rows = [p[j] for j in range(len(tasks)) for p in params]
@@ -635,6 +648,9 @@ class VectorizedExecutor:
                     else [b[j] for j in range(len(tasks)) for b in base_params]
                 )
                 flat = list(torch._foreach_sub(rows, refs))
+                for i, m in self._block_masks:  # Δ = 0 outside the fragment
+                    for j in range(len(tasks)):
+                        flat[j * len(names) + i].mul_(m)
         out = []
         for j, task in enumerate(tasks):
             delta = dict(zip(names, flat[j * k : (j + 1) * k], strict=True))

@@ -1,0 +1,140 @@
+"""Fed-RAA's model fragments as a work shape: masks, cost, execution (serial = vectorized =
+an independent masked SGD)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedclock.models import build_model, layer_view, param_bytes
+from fedclock.models.shapes import (
+    FRAGMENT_RATIOS,
+    FULL,
+    Fragment,
+    Layout,
+    build_units,
+    fragment_masks,
+    group_bounds,
+)
+from fedclock.train.executor import batch_schedule, snapshot
+from tests.conftest import EQUIV_TOL, partial_executor
+from tests.test_vectorized import _assert_same, _data, _tasks
+
+
+def test_group_bounds_follow_table_4() -> None:
+    assert group_bounds(200, FRAGMENT_RATIOS[4]) == [0, 20, 60, 120, 200]
+    assert group_bounds(200, FRAGMENT_RATIOS[5]) == [0, 10, 30, 70, 130, 200]
+    assert group_bounds(10, FRAGMENT_RATIOS[2]) == [0, 4, 10]
+
+
+def test_fragments_of_one_hidden_layer_hand_computed() -> None:
+    # 6 inputs → 10 hidden → 3 outputs, fragments of 40 / 60 %: hidden units 0–3 and 4–9
+    shapes = {"0.weight": (10, 6), "0.bias": (10,), "2.weight": (3, 10), "2.bias": (3,)}
+    a, b = fragment_masks(shapes, (40.0, 60.0))
+    assert a["0.weight"][:4].all() and not a["0.weight"][4:].any()  # incoming weights
+    assert a["0.bias"].tolist() == [True] * 4 + [False] * 6
+    assert a["2.weight"][:, :4].all() and not a["2.weight"][:, 4:].any()  # outgoing
+    assert a["2.bias"].all() and b["2.bias"].all()  # the output bias: in every fragment
+    for n in ("0.weight", "0.bias", "2.weight"):  # the hidden layer: each element once
+        assert torch.equal(a[n] ^ b[n], torch.ones(shapes[n], dtype=torch.bool))
+
+
+def test_fragments_of_two_hidden_layers_are_independent_subnets() -> None:
+    shapes = {"w1": (10, 4), "b1": (10,), "w2": (5, 10), "b2": (5,), "w3": (2, 5), "b3": (2,)}
+    masks = fragment_masks(shapes, (40.0, 60.0))
+    first, second = masks
+    # hidden 1: units 0–3 / 4–9; hidden 2: units 0–1 / 2–4; w2 joins group j to group j only
+    assert first["w2"][:2, :4].all() and int(first["w2"].sum()) == 8
+    assert second["w2"][2:, 4:].all() and int(second["w2"].sum()) == 18
+    assert first["w3"][:, :2].all() and int(first["w3"].sum()) == 4
+    with pytest.raises(ValueError, match="too few for 5 fragments"):
+        fragment_masks({"w": (3, 4), "o": (2, 3)}, FRAGMENT_RATIOS[5])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    hidden=st.lists(st.integers(10, 40), min_size=1, max_size=3),
+    m=st.sampled_from(sorted(FRAGMENT_RATIOS)),
+)
+def test_fragments_cover_each_hidden_element_at_most_once(hidden: list[int], m: int) -> None:
+    dims = [7, *hidden, 3]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i, (a, b) in enumerate(itertools.pairwise(dims)):
+        shapes[f"w{i}"], shapes[f"b{i}"] = (b, a), (b,)
+    masks = fragment_masks(shapes, FRAGMENT_RATIOS[m])
+    for n in shapes:
+        count = sum(mk[n].int() for mk in masks)
+        if n == f"b{len(hidden)}":  # the output bias
+            assert bool((count == m).all())
+        else:  # weights between different groups of consecutive hidden layers: nobody's
+            assert int(count.max()) == 1
+    first_hidden = sum(mk["w0"].int() for mk in masks)
+    assert bool((first_hidden == 1).all())  # the first layer is split, not pruned
+
+
+def _mlp(hidden: list[int] | None = None, dtype: torch.dtype = torch.float32):
+    m = build_model("mlp", input_shape=(6,), num_classes=10, hidden=hidden or [20], seed=0)
+    m = m.to(dtype)
+    units = build_units(m, layer_view(m, (6,)), "paper")
+    return m, units, Layout.of(m, units, param_bytes(m))
+
+
+def test_a_fragment_costs_its_share_of_the_model() -> None:
+    _, _, layout = _mlp()
+    full = FULL.cost(layout, 32)
+    for j, r in enumerate(FRAGMENT_RATIOS[4]):
+        cost = Fragment(j, FRAGMENT_RATIOS[4]).cost(layout, 32)
+        # one hidden layer: the fragment holds r % of both weight layers
+        assert cost.flops == pytest.approx(r / 100 * full.flops, rel=1e-12)
+        held = sum(int(mk.sum()) for mk in layout.fragment(FRAGMENT_RATIOS[4], j).values())
+        assert cost.bytes_up == cost.bytes_down == 4 * held  # float32 elements
+    # fragment 1 (10 %): hidden units 0–1, so 2·6 + 2 incoming, 10·2 outgoing, the 10
+    # output biases: 44 elements of the model's 350
+    assert Fragment(0, FRAGMENT_RATIOS[4]).cost(layout, 1).bytes_up == 4 * 44
+    assert full.bytes_up == 4 * 350
+
+
+@pytest.mark.usefixtures("float64")
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_fragment_tasks_train_the_fragment_alone(momentum: float) -> None:
+    """Serial and vectorized executors equal an independent masked SGD: the model zeroed
+    outside the fragment, gradients kept inside it, Δ = 0 outside."""
+    model, units, layout = _mlp([20, 12], torch.float64)
+    sizes = [16, 16, 12, 20]
+    data = _data(sizes, (6,))
+    data = replace(data, x=data.x.double())
+    ratios = FRAGMENT_RATIOS[3]
+    shapes = [Fragment(0, ratios), Fragment(0, ratios), Fragment(2, ratios), FULL]
+    tasks = [
+        replace(t, plan=replace(t.plan, shape=s))
+        for t, s in zip(_tasks(snapshot(model, 0), sizes, 8, steps=3), shapes, strict=True)
+    ]
+    opts = dict(seed=3, lr=0.1, momentum=momentum, units=units)
+    serial = partial_executor(copy.deepcopy(model), data, **opts).run(tasks)
+    vec = partial_executor(copy.deepcopy(model), data, vectorize=True, **opts).run(tasks)
+    _assert_same(serial, vec)
+    for task, c in zip(tasks[:3], serial[:3], strict=True):
+        masks = layout.fragment(ratios, task.plan.shape.index)
+        ref = copy.deepcopy(model)
+        with torch.no_grad():
+            for n, p in ref.named_parameters():
+                p.mul_(masks[n])
+        opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=momentum)
+        idx = data.indices[task.client]
+        for local in batch_schedule(3, task, len(idx)):
+            rows = idx[local]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ref(data.x[rows]), data.y[rows]).backward()
+            for n, p in ref.named_parameters():
+                p.grad.mul_(masks[n])
+            opt.step()
+        for n, p in ref.named_parameters():
+            want = torch.where(masks[n], p.detach() - task.base.params[n], 0.0)
+            torch.testing.assert_close(c.delta[n], want, atol=EQUIV_TOL, rtol=EQUIV_TOL)
+            assert c.covers(n) is True or torch.equal(c.covers(n), masks[n])
