@@ -7,6 +7,7 @@ import copy
 import itertools
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -138,3 +139,49 @@ def test_fragment_tasks_train_the_fragment_alone(momentum: float) -> None:
             want = torch.where(masks[n], p.detach() - task.base.params[n], 0.0)
             torch.testing.assert_close(c.delta[n], want, atol=EQUIV_TOL, rtol=EQUIV_TOL)
             assert c.covers(n) is True or torch.equal(c.covers(n), masks[n])
+
+
+# ------------------------------------------------------------------ Gre-RAA (Algorithm 2)
+def test_gre_raa_takes_the_least_updated_feasible_fragment() -> None:
+    from fedclock.strategies.fedraa import gre_raa
+
+    rng = np.random.default_rng(0)
+    costs, k = [0.1, 0.2, 0.3, 0.4], 0.25  # S = {1, 2} (1-based)
+    # fragments 3 and 4 are less updated but do not fit K
+    assert {gre_raa(costs, [3, 1, 0, 0], k, rng) for _ in range(50)} == {1}
+    with pytest.raises(ValueError, match=r"no fragment fits the delay bound K = 0\.05"):
+        gre_raa(costs, [0, 0, 0, 0], 0.05, rng)
+
+
+def test_gre_raa_ties_follow_algorithm_2() -> None:
+    """h starts at a uniform draw from S and moves only to a strictly less-updated j':
+    q = (1, 0, 0) gives fragment 2 for draws 1 and 2, fragment 3 for draw 3."""
+    from fedclock.strategies.fedraa import gre_raa
+
+    rng = np.random.default_rng(1)
+    picks = [gre_raa([1.0, 1.0, 1.0], [1, 0, 0], 2.0, rng) for _ in range(6000)]
+    share = np.bincount(picks, minlength=3) / len(picks)
+    assert share[0] == 0 and abs(share[1] - 2 / 3) < 0.03 and abs(share[2] - 1 / 3) < 0.03
+
+
+def test_delay_bounds_on_the_authors_example() -> None:
+    """The spec's example: M = 4 (10/20/30/40 %), cost (part/100)/cmp, 10 clients with cmp
+    1 (4 clients), 2 (3), 3 (3): the README's K = 0.15 is the offline bound."""
+    from fedclock.strategies.fedraa import k_feasible, k_offline
+
+    cmp = np.array([1, 1, 1, 1, 2, 2, 2, 3, 3, 3], dtype=float)
+    parts = np.array(FRAGMENT_RATIOS[4]) / 100
+    costs = parts[None, :] / cmp[:, None]
+    # fastest first: cmp 3, 3 → 40 %; 3, 2 → 30 %; 2, 2 → 20 %; the four cmp-1 → 10 %
+    assert k_offline(costs) == pytest.approx(0.15)
+    assert k_feasible(costs) == pytest.approx(0.1)  # every cmp-1 client fits 10 % only
+
+
+def test_mix_fragment_hand_computed() -> None:
+    from fedclock.strategies.fedraa import mix_fragment
+
+    theta, new = torch.tensor([1.0, 1.0]), torch.tensor([3.0, 5.0])
+    out = mix_fragment(theta, new, 0.5, torch.tensor([True, False]))
+    assert out.tolist() == [2.0, 1.0]  # (1 − ½)·1 + ½·3 where covered; θ elsewhere
+    assert mix_fragment(theta, new, 0.5, True).tolist() == [2.0, 3.0]
+    assert mix_fragment(theta, new, 0.5, False) is theta
