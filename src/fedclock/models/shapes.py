@@ -6,14 +6,17 @@ A :class:`WorkShape` says which part of the model a task trains and sends back:
 - :class:`Suffix` ``(depth)`` — SALF's layer suffix: units depth..L (1-based, input side
   first; a unit is a module layer in ``paper`` mode, a state-dict tensor in ``reference``);
 - :class:`Width` ``(rate)`` — HeteroFL's width-r submodel: the first ⌈r·C⌉ channels or
-  neurons of every hidden layer (:func:`width_shapes`).
+  neurons of every hidden layer (:func:`width_shapes`);
+- :class:`Fragment` ``(index, ratios)`` — Fed-RAA's model fragment: neuron group ``index``
+  of every hidden layer (:func:`fragment_masks`).
 
-A shape knows, given the model's :class:`Layout`: its grouping key (tasks of one key batch
-together in the vectorized executor), which tensors it trains (:meth:`WorkShape.trains`),
-the part of each tensor it covers (:meth:`WorkShape.coverage`: aggregators average each
-element over the contributions that cover it) and its cost (:meth:`WorkShape.cost`). Planners
-choose shapes; executors run the shapes they support and refuse the rest
-(:func:`refuse`); nothing else needs to know which paper a shape came from.
+A shape knows, given the model's :class:`Layout`: which tensors it trains
+(:meth:`WorkShape.trains`), the part of each tensor it covers (:meth:`WorkShape.coverage`:
+aggregators average each element over the contributions that cover it), its cost
+(:meth:`WorkShape.cost`) and its :class:`Program` (:meth:`WorkShape.program`: what an
+executor trains and sends; tasks of equal ``Program.key`` batch together in the vectorized
+executor). Planners choose shapes; executors run every shape with a program and refuse the
+rest (:func:`refuse`); nothing else needs to know which paper a shape came from.
 """
 
 from __future__ import annotations
@@ -311,10 +314,6 @@ class Program:
 class WorkShape:
     """Base of the work shapes (frozen dataclasses: hashable, comparable values)."""
 
-    def key(self) -> Hashable:
-        """Tasks of equal keys can share a vectorized block."""
-        return self
-
     def describe(self) -> str:
         return repr(self)
 
@@ -392,9 +391,6 @@ class Suffix(WorkShape):
     def __post_init__(self) -> None:
         if self.depth < 1:
             raise ValueError(f"a layer suffix starts at depth ≥ 1, got {self.depth}")
-
-    def key(self) -> Hashable:
-        return FULL if self.depth == 1 else self  # depth 1 trains every unit, as FULL
 
     def describe(self) -> str:
         return f"layer-suffix (depth {self.depth})"
