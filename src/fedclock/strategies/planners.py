@@ -86,7 +86,6 @@ class StragglerWork:
         self.depths = depths
         self.full_plans = full_plans  # each user's full local task (from its own data size)
         self.layout = layout
-        self.last: Draw | None = None  # the latest round's draw
 
     def cost(self, plan: TaskPlan) -> TaskCost:
         return plan.shape.cost(self.layout, plan.samples)
@@ -96,7 +95,7 @@ class StragglerWork:
         return full, self.cost(full)
 
     def assign(self, ctx: Context, r: int, clients: np.ndarray) -> list[Work]:
-        draw = self.last = None if self.depths is None else self.depths.draw(ctx, r)
+        draw = None if self.depths is None else self.depths.draw(ctx, r)
         out = []
         for c in clients:
             c = int(c)
