@@ -44,6 +44,7 @@ CASES: dict[str, dict[str, Any]] = {
         **_ASYNC,
     },
     "fedasync": {"strategy.name": "fedasync", **_ASYNC},
+    "fedraa": {"strategy.name": "fedraa", **_ASYNC},
     "vanilla": {"strategy.name": "vanilla", **_SALF},
     "salf-paper": {"strategy.name": "salf", **_SALF},
     "salf-reference": {

@@ -185,3 +185,89 @@ def test_mix_fragment_hand_computed() -> None:
     assert out.tolist() == [2.0, 1.0]  # (1 − ½)·1 + ½·3 where covered; θ elsewhere
     assert mix_fragment(theta, new, 0.5, True).tolist() == [2.0, 3.0]
     assert mix_fragment(theta, new, 0.5, False) is theta
+
+
+# ------------------------------------------------------------------ the strategy, end to end
+def _fedraa_raw(**strategy: object) -> dict:
+    from tests.conftest import tiny_raw
+
+    # 10 clients: β = 0.4 "extremely low" devices (speed 1) and "low" ones (speed 3), in
+    # units of 1e6 FLOP/s; free links, so a fragment's time is its compute alone
+    return tiny_raw(
+        partition={"num_clients": 10},
+        model={"arch": "mlp", "hidden": [40]},
+        population={
+            "scenario": "classes", "up_bandwidth": None, "down_bandwidth": None,
+            "classes": [{"fraction": 0.4, "speed": 1e6}, {"fraction": 0.6, "speed": 3e6}],
+        },
+        strategy={"name": "fedraa", "fragments": 4, **strategy},
+        budget={"aggregations": 60},
+    )  # fmt: skip
+
+
+def test_fedraa_assigns_only_fragments_within_k(tmp_path, monkeypatch) -> None:
+    """Gre-RAA under a K that only the smallest fragment meets on the slow devices: every
+    slow device trains fragment 1, fast ones spread over fragments 1–3, none gets 4."""
+    from fedclock.config import load_config
+    from fedclock.experiment import run_experiment
+    from fedclock.strategies.fedraa import FragmentMixAggregator
+
+    seen: list[tuple[int, int]] = []
+    real = FragmentMixAggregator.aggregate
+
+    def spy(self, ctx, base, contributions):
+        seen.extend((c.client, c.task.plan.shape.index) for c in contributions)
+        return real(self, ctx, base, contributions)
+
+    monkeypatch.setattr(FragmentMixAggregator, "aggregate", spy)
+    cfg = load_config(raw=_fedraa_raw())
+    res = run_experiment(cfg, run_dir=tmp_path / "k")
+    assert res.summary["status"] == "completed" and len(seen) == 60
+    from fedclock.devices import build_population
+
+    speed = build_population(cfg.population, 10, cfg.seed).speed
+    assert sorted(speed.tolist()) == [1e6] * 4 + [3e6] * 6
+    # the offline bound (Theorem 2): fastest first, two clients per fragment, largest
+    # first — 40 % and 30 % on fast devices, 20 % on fast ones, 10 % on the slow ones — so
+    # K ≈ the 40 % fragment's time on a fast device (0.4/3 of a full task at speed 1):
+    # a slow device fits only the 10 % one (0.1 < 0.133 < 0.2), a fast one all four
+    slow = {j for c, j in seen if speed[c] == 1e6}
+    fast = {j for c, j in seen if speed[c] == 3e6}
+    assert slow == {0} and fast == {0, 1, 2, 3}
+    assert res.history[-1]["test_accuracy"] > res.history[0]["test_accuracy"]
+
+
+def test_fedraa_refuses_an_infeasible_k_in_one_sentence(tmp_path) -> None:
+    from fedclock.config import load_config
+    from fedclock.errors import ConfigError
+    from fedclock.experiment import run_experiment
+
+    with pytest.raises(ConfigError, match=r"^strategy\.k = 1e-09 s is infeasible: .*\.$"):
+        run_experiment(load_config(raw=_fedraa_raw(k=1e-9)), run_dir=tmp_path / "bad")
+
+
+@pytest.mark.parametrize("scheduler", ["random", "mp-raa"])
+def test_random_and_mp_raa_ignore_k(tmp_path, monkeypatch, scheduler: str) -> None:
+    """The ablations ignore K: slow devices also get fragments beyond the 10 % one. MP-RAA
+    takes the least-updated fragment, so no fragment lags the others by more than the
+    tasks in flight (10 clients)."""
+    from fedclock.config import load_config
+    from fedclock.devices import build_population
+    from fedclock.experiment import run_experiment
+    from fedclock.strategies.fedraa import FragmentMixAggregator
+
+    seen: list[tuple[int, int]] = []
+    real = FragmentMixAggregator.aggregate
+
+    def spy(self, ctx, base, contributions):
+        seen.extend((c.client, c.task.plan.shape.index) for c in contributions)
+        return real(self, ctx, base, contributions)
+
+    monkeypatch.setattr(FragmentMixAggregator, "aggregate", spy)
+    cfg = load_config(raw=_fedraa_raw(scheduler=scheduler))
+    run_experiment(cfg, run_dir=tmp_path / scheduler)
+    speed = build_population(cfg.population, 10, cfg.seed).speed
+    assert {j for c, j in seen if speed[c] == 1e6} - {0}  # beyond K for a slow device
+    counts = np.bincount([j for _, j in seen], minlength=4)
+    if scheduler == "mp-raa":
+        assert counts.max() - counts.min() <= 10

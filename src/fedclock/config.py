@@ -384,6 +384,36 @@ class FedAsyncOptions(AsyncOptions):
     alpha: float = Field(0.6, gt=0, le=1, description="FedAsync mixing weight α")
 
 
+class FedRAAOptions(AsyncOptions):
+    """Fed-RAA (Zhang et al.): asynchronous training of model fragments sized to each device
+    (docs/methods/fedraa.md)."""
+
+    name: Literal["fedraa"] = "fedraa"
+    fragments: int = Field(
+        4, ge=2, le=5, description="M: the model split into M fragments (Table 4's ratios)"
+    )
+    k: float | None = Field(
+        None,
+        gt=0,
+        description="delay bound K in virtual seconds: a client gets only fragments it trains "
+        "within K; null = the offline assignment's bound (Theorem 2)",
+    )
+    scheduler: Literal["gre-raa", "random", "mp-raa"] = Field(
+        "gre-raa",
+        description="fragment assignment: Gre-RAA (Alg. 2), Random (uniform, ignoring K), "
+        "MP-RAA (least-updated, ignoring K)",
+    )
+    alpha: float = Field(0.6, gt=0, le=1, description="mixing weight α of θ ← (1−α_t)θ + α_t·θ_new")
+    rho: float = Field(0.01, ge=0, description="ρ of the local proximal term (ρ/2)‖θ^j − θ^j_q‖²")
+
+    @classmethod
+    def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
+        out = set(super().unread(cfg))
+        if cls.option(cfg, "scheduler") != "gre-raa":  # Random and MP-RAA ignore K
+            out.add("strategy.k")
+        return frozenset(out)
+
+
 # ---- SALF and its baselines (docs/methods/salf.md); the salf section holds their settings
 class _SalfFamilyOptions(StrategyOptions):
     salf_fields: ClassVar[tuple[str, ...]] = ("scenario", "mode", "charge")
@@ -436,6 +466,7 @@ StrategyOptionsUnion = Annotated[
     | FedFixOptions
     | FedBuffOptions
     | FedAsyncOptions
+    | FedRAAOptions
     | VanillaOptions
     | SalfOptions
     | HeteroFLOptions

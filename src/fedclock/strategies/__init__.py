@@ -16,6 +16,7 @@ from fedclock.config import (
     FedBuffOptions,
     FedFixOptions,
     FedProxOptions,
+    FedRAAOptions,
     HeteroFLOptions,
     SalfOptions,
     StrategyOptions,
@@ -33,6 +34,7 @@ from fedclock.strategies.asynchronous import (
     build_async,
 )
 from fedclock.strategies.base import BuildInfo, Strategy
+from fedclock.strategies.fedraa import build_fedraa
 from fedclock.strategies.planners import LocalSGDPlanner, local_sgd_plan
 from fedclock.strategies.salf import build_salf_family
 from fedclock.strategies.server import ServerOptimizer, server_optimizer
@@ -179,6 +181,13 @@ STRATEGIES: dict[str, StrategySpec] = {
             "FedAsync (Xie et al.): on each arrival θ ← (1−α_t)θ + α_t·θ_client, α_t = α·s(staleness)",
             _async("fedasync"),
             FedAsyncOptions,
+        ),
+        StrategySpec(
+            "fedraa",
+            "Fed-RAA (Zhang et al.): each device trains a model fragment within the delay "
+            "bound K (Gre-RAA), mixed in on arrival",
+            build_fedraa,
+            FedRAAOptions,
         ),
         StrategySpec(
             "vanilla",

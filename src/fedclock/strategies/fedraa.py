@@ -7,15 +7,29 @@ scheduler math. See ``../shared/specs/fed_raa.md``; the fragments are the
 - :func:`k_offline` — the offline assignment's bound K (proof of Theorem 2);
 - :func:`mix_fragment` — the updater's θ^j ← (1 − α_t)·θ^j + α_t·θ^j_new on the fragment.
 
-The strategy (scheduler, asynchronous trigger, ablations, baselines) is built on these.
+and the strategy's parts: :class:`FragmentPlanner` (Algorithm 1's scheduler, with the
+Random and MP-RAA ablations), :class:`FragmentMixAggregator` (its updater) and
+:func:`build_fedraa`.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
+
+from fedclock.devices.cost import TaskCost
+from fedclock.models.shapes import FRAGMENT_RATIOS, FULL, Fragment, Layout, build_units
+from fedclock.sim.simulator import Context
+from fedclock.sim.types import Contribution, ModelVersion, Params, TaskPlan
+from fedclock.strategies.server import ServerOptimizer
+from fedclock.strategies.weights import Staleness
+
+log = logging.getLogger(__name__)
 
 
 def gre_raa(
@@ -87,3 +101,151 @@ def mix_fragment(
     if isinstance(cover, torch.Tensor):
         step = torch.where(cover, step, torch.zeros_like(step))
     return theta + step
+
+
+# ------------------------------------------------------------------ the strategy's parts
+class FragmentPlanner:
+    """Algorithm 1's scheduler: an idle client n gets fragment h(n) — Gre-RAA (Algorithm 2)
+    over its costs c_{n,j} (the nominal time of its fragment-j task: download, compute,
+    upload) and the fragments' global update counts q(j), or Random / MP-RAA — as a
+    :class:`~fedclock.models.shapes.Fragment` task of its local SGD plan. The choice's
+    random draw comes from the stream ``("fragment", client, i)``, i the client's i-th task.
+    """
+
+    def __init__(
+        self,
+        *,
+        full_plans: Sequence[TaskPlan],
+        layout: Layout,
+        ratios: tuple[float, ...],
+        costs: np.ndarray,
+        k: float,
+        scheduler: str,
+        updates: list[int],
+    ) -> None:
+        self.full_plans, self.layout, self.ratios = full_plans, layout, ratios
+        self.costs, self.k, self.scheduler = costs, k, scheduler
+        self.updates = updates  # q(j): shared with the aggregator, which counts them
+        self._asked = [0] * len(full_plans)
+        self._work: dict[tuple[int, int], tuple[TaskPlan, TaskCost]] = {}
+
+    def fragment_plan(self, client: int, j: int) -> tuple[TaskPlan, TaskCost]:
+        got = self._work.get((client, j))
+        if got is None:
+            plan = replace(self.full_plans[client], shape=Fragment(j, self.ratios))
+            got = self._work[(client, j)] = (plan, plan.shape.cost(self.layout, plan.samples))
+        return got
+
+    def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
+        if ctx is None:  # the nominal task (clients.csv): the full model's
+            full = self.full_plans[client]
+            return full, FULL.cost(self.layout, full.samples)
+        i = self._asked[client]
+        self._asked[client] = i + 1
+        if self.scheduler == "mp-raa":
+            j = least_updated(self.updates)
+        else:
+            rng = ctx.rng("fragment", client, i)
+            if self.scheduler == "random":
+                j = int(rng.integers(len(self.ratios)))
+            else:
+                j = gre_raa(self.costs[client], self.updates, self.k, rng)
+        return self.fragment_plan(client, j)
+
+
+class FragmentMixAggregator:
+    """Algorithm 1's updater: on each arrival θ^j ← (1 − α_t)·θ^j + α_t·θ^j_new on the
+    elements the fragment covers, α_t = α·s(staleness) (s = 1 by default), taken as the
+    server step on the update α_t·(θ^j_new − θ^j) (plain: θ plus it); q(j) += 1."""
+
+    def __init__(
+        self, *, alpha: float, staleness: Staleness, server: ServerOptimizer, updates: list[int]
+    ) -> None:
+        self.alpha, self.staleness, self.server, self.updates = alpha, staleness, server, updates
+
+    def aggregate(
+        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
+    ) -> ModelVersion:
+        if not contributions:
+            return base
+        step: Params = {n: torch.zeros_like(v) for n, v in base.params.items()}
+        for c in contributions:
+            a = self.alpha * self.staleness(base.version - c.base_version)
+            c.weight = a
+            for n, theta in base.params.items():
+                new = c.task.base.params[n] + c.delta[n]  # θ^j_new (zero outside j)
+                step[n] += mix_fragment(theta, new, a, c.covers(n)) - theta
+            shape = c.task.plan.shape
+            if isinstance(shape, Fragment):
+                self.updates[shape.index] += 1
+        params = self.server.step(base.params, step)
+        buffers = {n: b.clone() for n, b in base.buffers.items()}
+        return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
+
+
+def build_fedraa(cfg: Any, info: Any) -> Any:
+    """The Fed-RAA strategy: FragmentPlanner × an arrival trigger (a server step per
+    arrival, every client busy) × FragmentMixAggregator, with the proximal term ρ."""
+    from fedclock.errors import ConfigError
+    from fedclock.strategies.asynchronous import ArrivalBuffer, UpdateTimes
+    from fedclock.strategies.base import Strategy
+    from fedclock.strategies.planners import local_sgd_plan
+    from fedclock.strategies.server import server_optimizer
+    from fedclock.train.local import Needs
+
+    s = cfg.strategy
+    if info.model is None:
+        raise ConfigError("Strategy 'fedraa' needs the model in BuildInfo.")
+    if any(True for _ in info.model.buffers()):
+        raise ConfigError("Strategy 'fedraa' supports models without buffers (mlp, cnn) only.")
+    ratios = FRAGMENT_RATIOS[s.fragments]
+    units = build_units(info.model, info.layers, "paper")
+    layout = Layout.of(info.model, units, info.model_bytes)
+    try:
+        layout.fragment(ratios, 0)
+    except ValueError as exc:
+        raise ConfigError(f"Strategy 'fedraa' cannot split this model: {exc}.") from None
+    t = cfg.train
+    full_plans = [
+        local_sgd_plan(int(n), t.batch_size, local_epochs=t.local_epochs, local_steps=t.local_steps)
+        for n in info.client_sizes
+    ]
+    population = info.population
+    if population is None:
+        from fedclock.devices import build_population
+
+        population = build_population(cfg.population, len(full_plans), cfg.seed)
+    costs = np.array([
+        [
+            population.nominal_timing(i, Fragment(j, ratios).cost(layout, plan.samples)).duration
+            for j in range(len(ratios))
+        ]
+        for i, plan in enumerate(full_plans)
+    ])  # fmt: skip
+    low, offline = k_feasible(costs), k_offline(costs)
+    k = offline if s.k is None else s.k
+    if s.scheduler == "gre-raa" and k < low:
+        raise ConfigError(
+            f"strategy.k = {k:g} s is infeasible: some client needs {low:g} s for its cheapest "
+            f"fragment (the offline bound is {offline:g} s); set strategy.k ≥ {low:g}."
+        )
+    updates = [0] * len(ratios)
+    planner = FragmentPlanner(
+        full_plans=full_plans, layout=layout, ratios=ratios, costs=costs, k=k,
+        scheduler=s.scheduler, updates=updates,
+    )  # fmt: skip
+    staleness = Staleness(
+        kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
+    )
+    aggregator = FragmentMixAggregator(
+        alpha=s.alpha, staleness=staleness, server=server_optimizer(s, lr=1.0), updates=updates
+    )
+    trigger = ArrivalBuffer(
+        UpdateTimes("profile", planner), buffer_size=1, concurrency=s.concurrency
+    )
+    needs = Needs(shapes=frozenset({Fragment}), layout=layout, proximal_mu=s.rho)
+    log.info("fedraa: delay bound K = %g s (feasible from %g s, offline bound %g s)", k, low,
+             offline)  # fmt: skip
+    return Strategy(
+        name="fedraa", planner=planner, trigger=trigger, aggregator=aggregator, needs=needs
+    )
