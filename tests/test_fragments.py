@@ -271,3 +271,36 @@ def test_random_and_mp_raa_ignore_k(tmp_path, monkeypatch, scheduler: str) -> No
     counts = np.bincount([j for _, j in seen], minlength=4)
     if scheduler == "mp-raa":
         assert counts.max() - counts.min() <= 10
+
+
+def test_sync_fedraa_averages_the_fragments_of_every_client_each_round(
+    tmp_path, monkeypatch
+) -> None:
+    """The Sync ablation: every round all 10 clients train a Gre-RAA fragment; the round's
+    updates are summed with weights n_i/n (each zero outside its fragment), once each."""
+    import torch as _torch
+
+    from fedclock.config import load_config
+    from fedclock.experiment import run_experiment
+    from fedclock.strategies.fedraa import CountingFedAvg
+
+    calls: list[list[float]] = []
+    real = CountingFedAvg.aggregate
+
+    def spy(self, ctx, base, contributions):
+        new = real(self, ctx, base, contributions)
+        # θ_new − θ = Σ p_i Δ_i with p_i = n_i / Σ n over the round (no double counting)
+        n = sum(c.num_samples for c in contributions)
+        for name, w in base.params.items():
+            want = w + sum(c.num_samples / n * c.delta[name] for c in contributions)
+            _torch.testing.assert_close(new.params[name], want, rtol=1e-5, atol=1e-6)
+        calls.append([c.weight for c in contributions])
+        return new
+
+    monkeypatch.setattr(CountingFedAvg, "aggregate", spy)
+    raw = _fedraa_raw(sync=True)
+    raw["budget"] = {"aggregations": 5}
+    res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "sync")
+    assert res.summary["status"] == "completed"
+    assert [len(w) for w in calls] == [10] * 5
+    assert all(abs(sum(w) - 1.0) < 1e-12 for w in calls)

@@ -211,6 +211,9 @@ _VALUES = {
     "strategy.server_beta2": (0.9, 0.99),
     "strategy.server_eps": (1e-3, 1e-2),
     "strategy.k": (0.5, 5.0),
+    "strategy.alpha": (0.3, 0.9),
+    "strategy.staleness": ("constant", "polynomial"),
+    "strategy.concurrency": (None, 3),
     "strategy.staleness_a": (0.5, 2.0),
     "strategy.staleness_b": (1.0, 4.0),
     "strategy.staleness_normalize_at": (None, 2.0),
@@ -231,7 +234,7 @@ _CONTEXTS = {
     "fedfix": [{}],
     "fedbuff": [{"strategy": {"aggregation_weights": "time-based"}}],
     "fedasync": [{"strategy": {"staleness": "polynomial"}}],
-    "fedraa": [{"strategy": {"scheduler": "random"}}],
+    "fedraa": [{"strategy": {"scheduler": "random"}}, {"strategy": {"sync": True}}],
 }
 
 

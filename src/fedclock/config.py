@@ -405,12 +405,22 @@ class FedRAAOptions(AsyncOptions):
     )
     alpha: float = Field(0.6, gt=0, le=1, description="mixing weight α of θ ← (1−α_t)θ + α_t·θ_new")
     rho: float = Field(0.01, ge=0, description="ρ of the local proximal term (ρ/2)‖θ^j − θ^j_q‖²")
+    sync: bool = Field(
+        False,
+        description="Sync Fed-RAA (ablation): the same fragments in synchronous rounds of "
+        "every client, averaged with weights n_i/n",
+    )
 
     @classmethod
     def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
         out = set(super().unread(cfg))
         if cls.option(cfg, "scheduler") != "gre-raa":  # Random and MP-RAA ignore K
             out.add("strategy.k")
+        if cls.option(cfg, "sync"):  # rounds: no mixing, no staleness, every client
+            out |= {
+                "strategy.alpha", "strategy.staleness", "strategy.staleness_a",
+                "strategy.staleness_b", "strategy.staleness_normalize_at", "strategy.concurrency",
+            }  # fmt: skip
         return frozenset(out)
 
 

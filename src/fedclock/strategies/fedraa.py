@@ -26,6 +26,8 @@ from fedclock.devices.cost import TaskCost
 from fedclock.models.shapes import FRAGMENT_RATIOS, FULL, Fragment, Layout, build_units
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, Params, TaskPlan
+from fedclock.strategies.aggregators import FedAvgAggregator
+from fedclock.strategies.base import Work
 from fedclock.strategies.server import ServerOptimizer
 from fedclock.strategies.weights import Staleness
 
@@ -152,6 +154,29 @@ class FragmentPlanner:
                 j = gre_raa(self.costs[client], self.updates, self.k, rng)
         return self.fragment_plan(client, j)
 
+    def assign(self, ctx: Context, r: int, clients: np.ndarray) -> list[Work]:
+        """Sync Fed-RAA: every participant of round ``r`` gets a fragment, in client order."""
+        return [Work(*self.plan(ctx, int(c))) for c in clients]
+
+
+class CountingFedAvg(FedAvgAggregator):
+    """Sync Fed-RAA's aggregation: θ ← θ + Σ_i (n_i/Σn)·Δ_i over the round's fragment
+    updates (each zero outside its fragment; the authors' rule, without their double
+    counting of the first update), and q(j) += 1 per update of fragment j."""
+
+    def __init__(self, *, updates: list[int], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.updates = updates
+
+    def aggregate(
+        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
+    ) -> ModelVersion:
+        for c in contributions:
+            shape = c.task.plan.shape
+            if isinstance(shape, Fragment):
+                self.updates[shape.index] += 1
+        return super().aggregate(ctx, base, contributions)
+
 
 class FragmentMixAggregator:
     """Algorithm 1's updater: on each arrival θ^j ← (1 − α_t)·θ^j + α_t·θ^j_new on the
@@ -191,6 +216,7 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
     from fedclock.strategies.base import Strategy
     from fedclock.strategies.planners import local_sgd_plan
     from fedclock.strategies.server import server_optimizer
+    from fedclock.strategies.triggers import SyncRounds
     from fedclock.train.local import Needs
 
     s = cfg.strategy
@@ -237,12 +263,19 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
     staleness = Staleness(
         kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
     )
-    aggregator = FragmentMixAggregator(
-        alpha=s.alpha, staleness=staleness, server=server_optimizer(s, lr=1.0), updates=updates
-    )
-    trigger = ArrivalBuffer(
-        UpdateTimes("profile", planner), buffer_size=1, concurrency=s.concurrency
-    )
+    server = server_optimizer(s, lr=1.0)
+    aggregator: Any
+    trigger: Any
+    if s.sync:  # the ablation: rounds of every client, a sample-weighted sum
+        trigger = SyncRounds(work=planner)
+        aggregator = CountingFedAvg(updates=updates, weights=s.weights, server=server)
+    else:
+        aggregator = FragmentMixAggregator(
+            alpha=s.alpha, staleness=staleness, server=server, updates=updates
+        )
+        trigger = ArrivalBuffer(
+            UpdateTimes("profile", planner), buffer_size=1, concurrency=s.concurrency
+        )
     needs = Needs(shapes=frozenset({Fragment}), layout=layout, proximal_mu=s.rho)
     log.info("fedraa: delay bound K = %g s (feasible from %g s, offline bound %g s)", k, low,
              offline)  # fmt: skip
