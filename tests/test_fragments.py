@@ -304,3 +304,44 @@ def test_sync_fedraa_averages_the_fragments_of_every_client_each_round(
     assert res.summary["status"] == "completed"
     assert [len(w) for w in calls] == [10] * 5
     assert all(abs(sum(w) - 1.0) < 1e-12 for w in calls)
+
+
+def test_cnn_fragments_group_channels_and_their_flattened_features() -> None:
+    """conv 1→10 (k3), conv 10→10, fc 10·2·2 → 20 → 10 (8×8 input, valid, two pools):
+    fragment 1 of 40/60 % holds channels 0–3 of both convs, conv 2's kernels from those
+    input channels, fc1's columns of those channels' 4 features each."""
+    m = build_model("cnn", input_shape=(1, 8, 8), num_classes=10, channels=[10, 10],
+                    kernel_size=3, fc_hidden=20, padding="same", seed=0)  # fmt: skip
+    shapes = {n: tuple(p.shape) for n, p in m.named_parameters()}
+    names = list(shapes)
+    first = fragment_masks(shapes, (40.0, 60.0))[0]
+    conv1, _, conv2, _, fc1, _, fc2, fc2b = names
+    assert first[conv1][:4].all() and not first[conv1][4:].any()
+    assert first[conv2][:4, :4].all() and int(first[conv2].sum()) == 4 * 4 * 9
+    per = shapes[fc1][1] // 10  # features per channel after flattening
+    assert first[fc1][:8, : 4 * per].all() and int(first[fc1].sum()) == 8 * 4 * per
+    assert first[fc2][:, :8].all() and first[fc2b].all()
+
+
+@pytest.mark.usefixtures("float64")
+def test_cnn_fragment_tasks_serial_equal_vectorized() -> None:
+    m = build_model("cnn", input_shape=(1, 8, 8), num_classes=10, channels=[10, 10],
+                    kernel_size=3, fc_hidden=20, padding="same", seed=0).double()  # fmt: skip
+    units = build_units(m, layer_view(m, (1, 8, 8)), "paper")
+    sizes = [12, 12, 16, 10]
+    data = _data(sizes, (1, 8, 8))
+    data = replace(data, x=data.x.double())
+    ratios = FRAGMENT_RATIOS[2]
+    shapes = [Fragment(1, ratios), Fragment(1, ratios), Fragment(0, ratios), Fragment(0, ratios)]
+    tasks = [
+        replace(t, plan=replace(t.plan, shape=s))
+        for t, s in zip(_tasks(snapshot(m, 0), sizes, 4, steps=2), shapes, strict=True)
+    ]
+    opts = dict(seed=5, lr=0.1, momentum=0.5, units=units)
+    serial = partial_executor(copy.deepcopy(m), data, **opts).run(tasks)
+    vec = partial_executor(copy.deepcopy(m), data, vectorize=True, **opts).run(tasks)
+    _assert_same(serial, vec)
+    layout = Layout.of(m, units, 0)
+    for t, c in zip(tasks, serial, strict=True):
+        masks = layout.fragment(ratios, t.plan.shape.index)
+        assert all(torch.count_nonzero(c.delta[n][~masks[n]]) == 0 for n in masks)
