@@ -45,6 +45,7 @@ CASES: dict[str, dict[str, Any]] = {
     },
     "fedasync": {"strategy.name": "fedasync", **_ASYNC},
     "fedraa": {"strategy.name": "fedraa", **_ASYNC},
+    "fedraa-reference": {"strategy.name": "fedraa", "strategy.mode": "reference", **_ASYNC},
     "vanilla": {"strategy.name": "vanilla", **_SALF},
     "salf-paper": {"strategy.name": "salf", **_SALF},
     "salf-reference": {

@@ -345,3 +345,57 @@ def test_cnn_fragment_tasks_serial_equal_vectorized() -> None:
     for t, c in zip(tasks, serial, strict=True):
         masks = layout.fragment(ratios, t.plan.shape.index)
         assert all(torch.count_nonzero(c.delta[n][~masks[n]]) == 0 for n in masks)
+
+
+# ------------------------------------------------------------------ reference mode
+def test_element_fragments_split_the_later_weights_by_initial_rank() -> None:
+    from fedclock.models.shapes import element_masks
+
+    g = torch.Generator().manual_seed(0)
+    init = {"w1": torch.randn(6, 4, generator=g), "b1": torch.zeros(6),
+            "w2": torch.randn(5, 6, generator=g), "b2": torch.zeros(5)}  # fmt: skip
+    masks = element_masks(init, FRAGMENT_RATIOS[4])
+    # the first layer and the biases: in every fragment; w2 (30 elements): 3/6/9/12
+    assert all(m["w1"].all() and m["b1"].all() and m["b2"].all() for m in masks)
+    assert [int(m["w2"].sum()) for m in masks] == [3, 6, 9, 12]
+    assert torch.equal(sum(m["w2"].int() for m in masks), torch.ones(5, 6, dtype=torch.int))
+    # fragment j holds the positions whose argsort value falls in its range
+    order = torch.argsort(init["w2"].reshape(-1), stable=True)
+    assert torch.equal(masks[0]["w2"].reshape(-1), order < 3)
+
+
+def test_gre_raa_as_the_authors_run_it() -> None:
+    from fedclock.strategies.fedraa import gre_raa_reference
+
+    costs, k = [0.1, 0.2, 0.3, 0.4], 0.25
+    assert gre_raa_reference(costs, [3, 1, 0, 0], k) == 1  # 3 and 4 do not fit K
+    assert gre_raa_reference(costs, [0, 0, 0, 0], k) == 0  # ties: the lowest index
+    assert gre_raa_reference([9.0, 9.0], [5, 0], 1.0) == 0  # fragment 1 is never checked
+
+
+def test_fedraa_reference_mode_weights_by_data_share_and_duration(tmp_path, monkeypatch) -> None:
+    """θ ← θ + (n_i/n)·Δ/(1 + duration/100), counts at assignment, element fragments."""
+    from fedclock.config import load_config
+    from fedclock.experiment import run_experiment
+    from fedclock.strategies.fedraa import ShareDiscountAggregator
+
+    seen: list[tuple[float, float, int, Fragment]] = []
+    real = ShareDiscountAggregator.aggregate
+
+    def spy(self, ctx, base, contributions):
+        new = real(self, ctx, base, contributions)
+        for c in contributions:
+            seen.append((c.weight, ctx.now - c.task.t_start, c.num_samples, c.task.plan.shape))
+        return new
+
+    monkeypatch.setattr(ShareDiscountAggregator, "aggregate", spy)
+    raw = _fedraa_raw(mode="reference")
+    res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "ref")
+    assert res.summary["status"] == "completed" and len(seen) == 60
+    import csv
+
+    with (res.run_dir / "clients.csv").open() as fh:  # n_total: every client's data
+        n_total = sum(int(row["num_samples"]) for row in csv.DictReader(fh))
+    for weight, duration, n, shape in seen:
+        assert shape.kind == "elements"
+        assert weight == pytest.approx(n / n_total / (1 + duration / 100), rel=1e-12)

@@ -212,6 +212,7 @@ _VALUES = {
     "strategy.server_eps": (1e-3, 1e-2),
     "strategy.k": (0.5, 5.0),
     "strategy.alpha": (0.3, 0.9),
+    "strategy.rho": (0.0, 0.5),
     "strategy.staleness": ("constant", "polynomial"),
     "strategy.concurrency": (None, 3),
     "strategy.staleness_a": (0.5, 2.0),
@@ -234,7 +235,11 @@ _CONTEXTS = {
     "fedfix": [{}],
     "fedbuff": [{"strategy": {"aggregation_weights": "time-based"}}],
     "fedasync": [{"strategy": {"staleness": "polynomial"}}],
-    "fedraa": [{"strategy": {"scheduler": "random"}}, {"strategy": {"sync": True}}],
+    "fedraa": [
+        {"strategy": {"scheduler": "random"}},
+        {"strategy": {"sync": True}},
+        {"strategy": {"mode": "reference"}},
+    ],
 }
 
 

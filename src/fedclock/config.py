@@ -410,12 +410,23 @@ class FedRAAOptions(AsyncOptions):
         description="Sync Fed-RAA (ablation): the same fragments in synchronous rounds of "
         "every client, averaged with weights n_i/n",
     )
+    mode: Literal["paper", "reference"] = Field(
+        "paper",
+        description="paper: Alg. 1 and 2 as written (neuron-group fragments, α mixing, "
+        "proximal ρ); reference: the authors' code (element-wise fragments charged their "
+        "share, θ + (n_i/n)·s·Δ with s = 1/(1 + duration/100), counts at assignment)",
+    )
 
     @classmethod
     def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
         out = set(super().unread(cfg))
         if cls.option(cfg, "scheduler") != "gre-raa":  # Random and MP-RAA ignore K
             out.add("strategy.k")
+        if cls.option(cfg, "mode") == "reference":  # no mixing weight, staleness or ρ
+            out |= {
+                "strategy.alpha", "strategy.rho", "strategy.staleness", "strategy.staleness_a",
+                "strategy.staleness_b", "strategy.staleness_normalize_at",
+            }  # fmt: skip
         if cls.option(cfg, "sync"):  # rounds: no mixing, no staleness, every client
             out |= {
                 "strategy.alpha", "strategy.staleness", "strategy.staleness_a",

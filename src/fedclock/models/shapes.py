@@ -147,6 +147,32 @@ def fragment_masks(
     return masks
 
 
+def element_masks(
+    initial: dict[str, torch.Tensor], ratios: Sequence[float]
+) -> list[dict[str, torch.Tensor]]:
+    """The authors' fragments (reference mode, spec §2.2): every weight tensor but the
+    first layer's is split element-wise — the tensor flattened, ``order = argsort`` of its
+    initial values, and flat position p belongs to fragment j when order[p] falls in
+    [b_{j−1}, b_j) (:func:`group_bounds` of its size): a disjoint, covering, effectively
+    random partition of the listed sizes. Every other tensor (the first layer, the biases)
+    belongs to every fragment."""
+    names = list(initial)
+    weights = [n for n in names if initial[n].dim() >= 2]
+    split = set(weights[1:])
+    out: list[dict[str, torch.Tensor]] = [{} for _ in ratios]
+    for n in names:
+        t = initial[n]
+        if n not in split:
+            for m in out:
+                m[n] = torch.ones(t.shape, dtype=torch.bool)
+            continue
+        order = torch.argsort(t.detach().reshape(-1).cpu(), stable=True)
+        bounds = group_bounds(order.numel(), ratios)
+        for j, m in enumerate(out):
+            m[n] = ((order >= bounds[j]) & (order < bounds[j + 1])).reshape(t.shape)
+    return out
+
+
 def prefix_mask(
     shape: tuple[int, ...], keep: tuple[int, ...], device: torch.device | str = "cpu"
 ) -> torch.Tensor:
@@ -255,20 +281,32 @@ class Layout:
     _programs: dict[tuple[Any, bool], Program] = field(
         default_factory=dict, compare=False, repr=False
     )
-    _fragments: dict[tuple[float, ...], list[dict[str, torch.Tensor]]] = field(
+    _fragments: dict[tuple[tuple[float, ...], str], list[dict[str, torch.Tensor]]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # the initial parameters (CPU copies), where element-wise fragments are asked for
+    initial: dict[str, torch.Tensor] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, model: nn.Module, units: Units, model_bytes: int, **kw: Any) -> Layout:
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         return cls(units=units, param_shapes=shapes, model_bytes=model_bytes, **kw)
 
-    def fragment(self, ratios: tuple[float, ...], index: int) -> dict[str, torch.Tensor]:
-        """Fragment ``index``'s element masks (:func:`fragment_masks`, cached per ratios)."""
-        got = self._fragments.get(ratios)
+    def fragment(
+        self, ratios: tuple[float, ...], index: int, kind: str = "neurons"
+    ) -> dict[str, torch.Tensor]:
+        """Fragment ``index``'s element masks, cached per ratios: neuron groups
+        (:func:`fragment_masks`) or the authors' element-wise split (:func:`element_masks`,
+        which needs the ``initial`` parameters)."""
+        got = self._fragments.get((ratios, kind))
         if got is None:
-            got = self._fragments[ratios] = fragment_masks(self.param_shapes, ratios)
+            if kind == "elements":
+                if self.initial is None:
+                    raise ValueError("element-wise fragments need the layout's initial parameters")
+                got = element_masks(self.initial, ratios)
+            else:
+                got = fragment_masks(self.param_shapes, ratios)
+            self._fragments[(ratios, kind)] = got
         return got[index]
 
     def width_keep(self, rate: float) -> dict[str, tuple[int, ...]]:
@@ -474,16 +512,22 @@ class Fragment(WorkShape):
 
     index: int
     ratios: tuple[float, ...]
+    # "neurons" (our reading of the paper) or "elements" (the authors' code: an element-wise
+    # split of every weight tensor but the first layer's, charged its share of the full
+    # task as their time model does)
+    kind: str = "neurons"
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < len(self.ratios):
             raise ValueError(f"fragment {self.index} of {len(self.ratios)} does not exist")
+        if self.kind not in ("neurons", "elements"):
+            raise ValueError(f"unknown fragment kind {self.kind!r}")
 
     def describe(self) -> str:
         return f"fragment {self.index + 1} of {len(self.ratios)} ({self.ratios[self.index]:g} %)"
 
     def _masks(self, layout: Layout) -> dict[str, torch.Tensor]:
-        return layout.fragment(self.ratios, self.index)
+        return layout.fragment(self.ratios, self.index, self.kind)
 
     def trains(self, layout: Layout, name: str) -> bool:
         return bool(self._masks(layout)[name].any())
@@ -504,13 +548,22 @@ class Fragment(WorkShape):
         }
         return Program(
             trains=names, sends=frozenset(names), coverage=cover, masks=partial,
-            tag=(self.index, self.ratios),
+            tag=(self.index, self.ratios, self.kind),
         )  # fmt: skip
 
     def cost(self, layout: Layout, samples: int) -> TaskCost:
         """Each unit's forward and backward FLOPs scaled by the share of its weights the
-        fragment holds; the fragment's bytes down and up."""
+        fragment holds; the fragment's bytes down and up. ``elements``: the full task's
+        FLOPs times the fragment's ratio (the authors' simulated duration, measured time ×
+        part/100 / cmp)."""
         u, masks = layout.units, self._masks(layout)
+        total = sum(math.prod(s) for s in layout.param_shapes.values())
+        held = sum(int(m.sum()) for m in masks.values())
+        nbytes = int(layout.model_bytes * held / max(1, total))
+        if self.kind == "elements":
+            full = FULL.cost(layout, samples)
+            part = self.ratios[self.index] / sum(self.ratios)
+            return TaskCost(flops=full.flops * part, bytes_down=nbytes, bytes_up=nbytes)
         share = [0.0] * u.count
         for n, m in masks.items():
             if len(layout.param_shapes[n]) >= 2:  # a unit's weight tensor
@@ -519,7 +572,4 @@ class Fragment(WorkShape):
         # as a full task: the input layer's backward is its weight gradient only
         bwd = (u.bwd_first[0] if u.bwd_first else u.bwd_flops[0], *u.bwd_flops[1:])
         flops = sum((f + b) * s for f, b, s in zip(fwd, bwd, share, strict=True))
-        total = sum(math.prod(s) for s in layout.param_shapes.values())
-        held = sum(int(m.sum()) for m in masks.values())
-        nbytes = int(layout.model_bytes * held / max(1, total))
         return TaskCost(flops=samples * flops, bytes_down=nbytes, bytes_up=nbytes)

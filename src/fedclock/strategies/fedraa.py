@@ -57,6 +57,17 @@ def gre_raa(
     return h
 
 
+def gre_raa_reference(costs: Sequence[float], updates: Sequence[int], k: float) -> int:
+    """Gre-RAA as the authors' code runs it (spec §2.2): start from fragment 1 (never
+    checked against K), then for j = 2..M move to j if c_{n,j} ≤ K and q(j) < q(current) —
+    the least-updated of {1} ∪ S, ties to the lowest index."""
+    h = 0
+    for j in range(1, len(costs)):
+        if costs[j] <= k and updates[j] < updates[h]:
+            h = j
+    return h
+
+
 def least_updated(updates: Sequence[int]) -> int:
     """MP-RAA's choice: the least-updated fragment (the first in index order on ties)."""
     return int(np.argmin(np.asarray(updates)))
@@ -124,17 +135,22 @@ class FragmentPlanner:
         k: float,
         scheduler: str,
         updates: list[int],
+        reference: bool = False,
     ) -> None:
         self.full_plans, self.layout, self.ratios = full_plans, layout, ratios
         self.costs, self.k, self.scheduler = costs, k, scheduler
-        self.updates = updates  # q(j): shared with the aggregator, which counts them
+        # q(j): counted by the aggregator at each global update (paper), or here at each
+        # assignment, with the authors' fragments and deterministic Gre-RAA (reference)
+        self.updates = updates
+        self.reference = reference
+        self.kind = "elements" if reference else "neurons"
         self._asked = [0] * len(full_plans)
         self._work: dict[tuple[int, int], tuple[TaskPlan, TaskCost]] = {}
 
     def fragment_plan(self, client: int, j: int) -> tuple[TaskPlan, TaskCost]:
         got = self._work.get((client, j))
         if got is None:
-            plan = replace(self.full_plans[client], shape=Fragment(j, self.ratios))
+            plan = replace(self.full_plans[client], shape=Fragment(j, self.ratios, self.kind))
             got = self._work[(client, j)] = (plan, plan.shape.cost(self.layout, plan.samples))
         return got
 
@@ -146,12 +162,16 @@ class FragmentPlanner:
         self._asked[client] = i + 1
         if self.scheduler == "mp-raa":
             j = least_updated(self.updates)
+        elif self.scheduler == "gre-raa" and self.reference:
+            j = gre_raa_reference(self.costs[client], self.updates, self.k)
         else:
             rng = ctx.rng("fragment", client, i)
             if self.scheduler == "random":
                 j = int(rng.integers(len(self.ratios)))
             else:
                 j = gre_raa(self.costs[client], self.updates, self.k, rng)
+        if self.reference:  # the authors count an assignment, not an update
+            self.updates[j] += 1
         return self.fragment_plan(client, j)
 
     def assign(self, ctx: Context, r: int, clients: np.ndarray) -> list[Work]:
@@ -164,18 +184,44 @@ class CountingFedAvg(FedAvgAggregator):
     updates (each zero outside its fragment; the authors' rule, without their double
     counting of the first update), and q(j) += 1 per update of fragment j."""
 
-    def __init__(self, *, updates: list[int], **kw: Any) -> None:
+    def __init__(self, *, updates: list[int] | None, **kw: Any) -> None:
         super().__init__(**kw)
-        self.updates = updates
+        self.updates = updates  # None: counted at assignment (reference mode)
 
     def aggregate(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
     ) -> ModelVersion:
         for c in contributions:
             shape = c.task.plan.shape
-            if isinstance(shape, Fragment):
+            if self.updates is not None and isinstance(shape, Fragment):
                 self.updates[shape.index] += 1
         return super().aggregate(ctx, base, contributions)
+
+
+class ShareDiscountAggregator:
+    """The authors' updater (reference mode, spec §2.2): on each arrival θ ← θ + a·Δ with
+    a = (n_i / n_total)·s, s = 1/(1 + duration/100), duration = the update's virtual time
+    from dispatch to arrival (not a staleness in versions); Δ is zero outside the fragment
+    on the split tensors and dense on the shared ones."""
+
+    def __init__(self, *, total_samples: int, server: ServerOptimizer) -> None:
+        self.total, self.server = total_samples, server
+
+    def aggregate(
+        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
+    ) -> ModelVersion:
+        if not contributions:
+            return base
+        step: Params = {n: torch.zeros_like(v) for n, v in base.params.items()}
+        for c in contributions:
+            duration = ctx.now - c.task.t_start
+            a = c.num_samples / self.total / (1.0 + duration / 100.0)
+            c.weight = a
+            for n in step:
+                step[n].add_(c.delta[n], alpha=a)
+        params = self.server.step(base.params, step)
+        buffers = {n: b.clone() for n, b in base.buffers.items()}
+        return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
 
 
 class FragmentMixAggregator:
@@ -225,10 +271,13 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
     if any(True for _ in info.model.buffers()):
         raise ConfigError("Strategy 'fedraa' supports models without buffers (mlp, cnn) only.")
     ratios = FRAGMENT_RATIOS[s.fragments]
+    reference = s.mode == "reference"
     units = build_units(info.model, info.layers, "paper")
-    layout = Layout.of(info.model, units, info.model_bytes)
+    initial = {n: p.detach().cpu().clone() for n, p in info.model.named_parameters()}
+    layout = Layout.of(info.model, units, info.model_bytes, initial=initial)
+    kind = "elements" if reference else "neurons"
     try:
-        layout.fragment(ratios, 0)
+        layout.fragment(ratios, 0, kind)
     except ValueError as exc:
         raise ConfigError(f"Strategy 'fedraa' cannot split this model: {exc}.") from None
     t = cfg.train
@@ -243,7 +292,9 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
         population = build_population(cfg.population, len(full_plans), cfg.seed)
     costs = np.array([
         [
-            population.nominal_timing(i, Fragment(j, ratios).cost(layout, plan.samples)).duration
+            population.nominal_timing(
+                i, Fragment(j, ratios, kind).cost(layout, plan.samples)
+            ).duration
             for j in range(len(ratios))
         ]
         for i, plan in enumerate(full_plans)
@@ -258,7 +309,7 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
     updates = [0] * len(ratios)
     planner = FragmentPlanner(
         full_plans=full_plans, layout=layout, ratios=ratios, costs=costs, k=k,
-        scheduler=s.scheduler, updates=updates,
+        scheduler=s.scheduler, updates=updates, reference=reference,
     )  # fmt: skip
     staleness = Staleness(
         kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
@@ -268,7 +319,16 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
     trigger: Any
     if s.sync:  # the ablation: rounds of every client, a sample-weighted sum
         trigger = SyncRounds(work=planner)
-        aggregator = CountingFedAvg(updates=updates, weights=s.weights, server=server)
+        aggregator = CountingFedAvg(
+            updates=None if reference else updates, weights=s.weights, server=server
+        )
+    elif reference:
+        aggregator = ShareDiscountAggregator(
+            total_samples=int(sum(int(n) for n in info.client_sizes)), server=server
+        )
+        trigger = ArrivalBuffer(
+            UpdateTimes("profile", planner), buffer_size=1, concurrency=s.concurrency
+        )
     else:
         aggregator = FragmentMixAggregator(
             alpha=s.alpha, staleness=staleness, server=server, updates=updates
@@ -276,7 +336,10 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
         trigger = ArrivalBuffer(
             UpdateTimes("profile", planner), buffer_size=1, concurrency=s.concurrency
         )
-    needs = Needs(shapes=frozenset({Fragment}), layout=layout, proximal_mu=s.rho)
+    # the authors' code has no proximal term
+    needs = Needs(
+        shapes=frozenset({Fragment}), layout=layout, proximal_mu=0.0 if reference else s.rho
+    )
     log.info("fedraa: delay bound K = %g s (feasible from %g s, offline bound %g s)", k, low,
              offline)  # fmt: skip
     return Strategy(
