@@ -205,11 +205,8 @@ def _fedraa_raw(**strategy: object) -> dict:
     )  # fmt: skip
 
 
-def test_fedraa_assigns_only_fragments_within_k(tmp_path, monkeypatch) -> None:
-    """Gre-RAA under a K that only the smallest fragment meets on the slow devices: every
-    slow device trains fragment 1, fast ones spread over fragments 1–3, none gets 4."""
-    from fedclock.config import load_config
-    from fedclock.experiment import run_experiment
+def _fragments_seen(monkeypatch) -> list[tuple[int, int]]:
+    """(client, fragment index) of every update Fed-RAA's updater mixes in, in order."""
     from fedclock.strategies.fedraa import FragmentMixAggregator
 
     seen: list[tuple[int, int]] = []
@@ -220,6 +217,16 @@ def test_fedraa_assigns_only_fragments_within_k(tmp_path, monkeypatch) -> None:
         return real(self, ctx, base, contributions)
 
     monkeypatch.setattr(FragmentMixAggregator, "aggregate", spy)
+    return seen
+
+
+def test_fedraa_assigns_only_fragments_within_k(tmp_path, monkeypatch) -> None:
+    """Gre-RAA under a K that only the smallest fragment meets on the slow devices: every
+    slow device trains fragment 1, fast ones spread over fragments 1–3, none gets 4."""
+    from fedclock.config import load_config
+    from fedclock.experiment import run_experiment
+
+    seen = _fragments_seen(monkeypatch)
     cfg = load_config(raw=_fedraa_raw())
     res = run_experiment(cfg, run_dir=tmp_path / "k")
     assert res.summary["status"] == "completed" and len(seen) == 60
@@ -254,16 +261,8 @@ def test_random_and_mp_raa_ignore_k(tmp_path, monkeypatch, scheduler: str) -> No
     from fedclock.config import load_config
     from fedclock.devices import build_population
     from fedclock.experiment import run_experiment
-    from fedclock.strategies.fedraa import FragmentMixAggregator
 
-    seen: list[tuple[int, int]] = []
-    real = FragmentMixAggregator.aggregate
-
-    def spy(self, ctx, base, contributions):
-        seen.extend((c.client, c.task.plan.shape.index) for c in contributions)
-        return real(self, ctx, base, contributions)
-
-    monkeypatch.setattr(FragmentMixAggregator, "aggregate", spy)
+    seen = _fragments_seen(monkeypatch)
     cfg = load_config(raw=_fedraa_raw(scheduler=scheduler))
     run_experiment(cfg, run_dir=tmp_path / scheduler)
     speed = build_population(cfg.population, 10, cfg.seed).speed
@@ -386,6 +385,9 @@ def test_fedraa_reference_mode_weights_by_data_share_and_duration(tmp_path, monk
         new = real(self, ctx, base, contributions)
         for c in contributions:
             seen.append((c.weight, ctx.now - c.task.t_start, c.num_samples, c.task.plan.shape))
+        for n, w in base.params.items():  # θ + a·Δ, a the recorded weight
+            want = w + sum(c.weight * c.delta[n] for c in contributions)
+            torch.testing.assert_close(new.params[n], want, rtol=1e-6, atol=1e-7)
         return new
 
     monkeypatch.setattr(ShareDiscountAggregator, "aggregate", spy)

@@ -40,6 +40,14 @@ def step_interp(t: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return out
 
 
+def _save(fig: Any, out: Path) -> Path:
+    """Write ``fig`` to ``out`` (its folder made if needed) and free it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def plot_groups(
     groups: Mapping[str, Sequence[dict[str, np.ndarray]]],
     out: Path,
@@ -82,10 +90,7 @@ def plot_groups(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 LOSS_PANELS = (
@@ -122,10 +127,7 @@ def plot_loss_panels(
     axes[0, 0].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def read_table(out_dir: Path) -> list[dict[str, str]]:
@@ -182,10 +184,7 @@ def plot_sweeps(
         label += f" (mean ± std over {count} seeds)"
     axes[0][0].set_ylabel(label)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def _is_number(text: Any) -> bool:

@@ -26,7 +26,7 @@ from fedclock.devices.cost import TaskCost
 from fedclock.models.shapes import FRAGMENT_RATIOS, FULL, Fragment, Layout, build_units
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, Params, TaskPlan
-from fedclock.strategies.aggregators import FedAvgAggregator
+from fedclock.strategies.aggregators import FedAvgAggregator, weighted_delta
 from fedclock.strategies.base import Work
 from fedclock.strategies.server import ServerOptimizer
 from fedclock.strategies.weights import Staleness
@@ -103,17 +103,26 @@ def k_offline(costs: np.ndarray) -> float:
     return worst
 
 
+def mix_step(
+    theta: torch.Tensor, new: torch.Tensor, alpha: float, cover: torch.Tensor | bool
+) -> torch.Tensor | None:
+    """The update α·(θ_new − θ) of Alg. 1's mixing on the elements the fragment covers
+    (0 elsewhere; ``None`` when it covers none of the tensor)."""
+    if cover is False:
+        return None
+    step = alpha * (new - theta)
+    if isinstance(cover, torch.Tensor):
+        step = torch.where(cover, step, torch.zeros_like(step))
+    return step
+
+
 def mix_fragment(
     theta: torch.Tensor, new: torch.Tensor, alpha: float, cover: torch.Tensor | bool
 ) -> torch.Tensor:
     """θ ← (1 − α)·θ + α·θ_new on the elements the fragment covers (Alg. 1's updater),
-    computed as θ + α·(θ_new − θ); elements it does not cover keep θ."""
-    if cover is False:
-        return theta
-    step = alpha * (new - theta)
-    if isinstance(cover, torch.Tensor):
-        step = torch.where(cover, step, torch.zeros_like(step))
-    return theta + step
+    computed as θ + α·(θ_new − θ) (:func:`mix_step`); elements it does not cover keep θ."""
+    step = mix_step(theta, new, alpha, cover)
+    return theta if step is None else theta + step
 
 
 # ------------------------------------------------------------------ the strategy's parts
@@ -212,14 +221,11 @@ class ShareDiscountAggregator:
     ) -> ModelVersion:
         if not contributions:
             return base
-        step: Params = {n: torch.zeros_like(v) for n, v in base.params.items()}
-        for c in contributions:
-            duration = ctx.now - c.task.t_start
-            a = c.num_samples / self.total / (1.0 + duration / 100.0)
-            c.weight = a
-            for n in step:
-                step[n].add_(c.delta[n], alpha=a)
-        params = self.server.step(base.params, step)
+        a = np.array([
+            c.num_samples / self.total / (1.0 + (ctx.now - c.task.t_start) / 100.0)
+            for c in contributions
+        ])  # fmt: skip
+        params = self.server.step(base.params, weighted_delta(contributions, a))
         buffers = {n: b.clone() for n, b in base.buffers.items()}
         return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
 
@@ -245,7 +251,9 @@ class FragmentMixAggregator:
             c.weight = a
             for n, theta in base.params.items():
                 new = c.task.base.params[n] + c.delta[n]  # θ^j_new (zero outside j)
-                step[n] += mix_fragment(theta, new, a, c.covers(n)) - theta
+                got = mix_step(theta, new, a, c.covers(n))
+                if got is not None:
+                    step[n] += got
             shape = c.task.plan.shape
             if isinstance(shape, Fragment):
                 self.updates[shape.index] += 1
@@ -287,9 +295,7 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
     ]
     population = info.population
     if population is None:
-        from fedclock.devices import build_population
-
-        population = build_population(cfg.population, len(full_plans), cfg.seed)
+        raise ConfigError("Strategy 'fedraa' needs the population in BuildInfo.")
     costs = np.array([
         [
             population.nominal_timing(

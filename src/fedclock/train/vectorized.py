@@ -351,12 +351,13 @@ class VectorizedExecutor:
         groups: dict[tuple[int, Hashable], list[int]] = {}  # batch size, work shape's key
         for i, task in enumerate(tasks):
             shape = task.plan.shape
+            # a shape without a program is refused here, not run serially
+            key = self._full_key if shape is FULL else self._program(shape).key
             reason = self._why_serial(task)
             if reason is not None:
                 self._log_once(reason)
                 out[i] = self._serial_executor().run_one(task)
                 continue
-            key = self._full_key if shape is FULL else self._program(shape).key
             groups.setdefault((task.plan.batch_size, key), []).append(i)
         for members in groups.values():
             if len(members) < self.min_block:  # vmap's overhead does not pay for one client
@@ -383,8 +384,6 @@ class VectorizedExecutor:
 
     def _why_serial(self, task: Task) -> str | None:
         shape = task.plan.shape
-        if shape is not FULL:
-            self._program(shape)  # a shape without a program: refused, not run serially
         if self._reason is not None:
             return self._reason
         if self._bn:
