@@ -44,8 +44,11 @@ CASES: dict[str, dict[str, Any]] = {
         **_ASYNC,
     },
     "fedasync": {"strategy.name": "fedasync", **_ASYNC},
-    "fedraa": {"strategy.name": "fedraa", **_ASYNC},
-    "fedraa-reference": {"strategy.name": "fedraa", "strategy.mode": "reference", **_ASYNC},
+    "fed-raa": {"strategy.name": "fed-raa", **_ASYNC},
+    "fed-raa-reference": {"strategy.name": "fed-raa", "strategy.mode": "reference", **_ASYNC},
+    "fed-raa-random": {"strategy.name": "fed-raa-random", **_ASYNC},
+    "fed-raa-mp": {"strategy.name": "fed-raa-mp", **_ASYNC},
+    "fed-raa-sync": {"strategy.name": "fed-raa-sync", "budget.aggregations": 3},
     "vanilla": {"strategy.name": "vanilla", **_SALF},
     "salf-paper": {"strategy.name": "salf", **_SALF},
     "salf-reference": {

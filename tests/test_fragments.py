@@ -200,7 +200,7 @@ def _fedraa_raw(**strategy: object) -> dict:
             "scenario": "classes", "up_bandwidth": None, "down_bandwidth": None,
             "classes": [{"fraction": 0.4, "speed": 1e6}, {"fraction": 0.6, "speed": 3e6}],
         },
-        strategy={"name": "fedraa", "fragments": 4, **strategy},
+        strategy={"name": "fed-raa", "fragments": 4, **strategy},
         budget={"aggregations": 60},
     )  # fmt: skip
 

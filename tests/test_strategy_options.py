@@ -59,13 +59,14 @@ def _error(raw: dict, *, grid: bool = False) -> str:
         (
             {"name": "fedbuff", "buffer_size": 2, "alpha": 0.3},
             {},
-            "Config field 'strategy.alpha' is read by fedasync and fedraa, not by fedbuff.",
+            "Config field 'strategy.alpha' is read by fedasync, fed-raa, fed-raa-random, fed-raa-mp "
+            "and fed-raa-sync, not by fedbuff.",
         ),
         (
             {"name": "salf", "concurrency": 2},
             {"scenario": "ratio"},
             "Config field 'strategy.concurrency' is read by async-identical, async-time-based, "
-            "fedfix, fedbuff, fedasync and fedraa, not by salf.",
+            "fedfix, fedbuff, fedasync, fed-raa, fed-raa-random, fed-raa-mp and fed-raa-sync, not by salf.",
         ),
         (
             {"name": "fedfix", "delta_t": 1.0, "client_fraction": 0.5},
@@ -162,7 +163,10 @@ def test_a_comparison_base_carries_fields_for_its_strategies(tmp_path):
     base = load_config(raw=tiny_raw(strategy={"buffer_size": 2, "alpha": 0.3}), grid=True)
     assert cell_config(base, "fedbuff", 1).strategy.model_dump()["buffer_size"] == 2
     assert cell_config(base, "fedasync", 1).strategy.model_dump()["alpha"] == 0.3
-    with pytest.raises(ConfigError, match="is read by fedasync and fedraa, not by fedbuff"):
+    with pytest.raises(
+        ConfigError,
+        match="is read by fedasync, fed-raa, fed-raa-random, fed-raa-mp and fed-raa-sync, not by fedbuff",
+    ):
         cell_config(base, "fedbuff:alpha=0.5", 1)
     # the salf section follows its readers too
     salf = load_config(raw=tiny_raw(salf={"scenario": "ratio", "heterofl_rate": 0.25}), grid=True)
@@ -235,11 +239,14 @@ _CONTEXTS = {
     "fedfix": [{}],
     "fedbuff": [{"strategy": {"aggregation_weights": "time-based"}}],
     "fedasync": [{"strategy": {"staleness": "polynomial"}}],
-    "fedraa": [
+    "fed-raa": [
         {"strategy": {"scheduler": "random"}},
         {"strategy": {"sync": True}},
         {"strategy": {"mode": "reference"}},
     ],
+    "fed-raa-random": [{}],
+    "fed-raa-mp": [{"strategy": {"mode": "reference"}}],
+    "fed-raa-sync": [{}],
 }
 
 

@@ -8,6 +8,7 @@ field; the defaults below are the documented defaults.
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -130,12 +131,22 @@ class DeviceClassConfig(_Section):
 
 
 class PopulationConfig(_Section):
-    scenario: Literal["homogeneous", "fx", "classes"] = "homogeneous"
-    speed: float = Field(1.0e8, gt=0, description="FLOP/s (the slowest device under fx)")
+    scenario: Literal["homogeneous", "fx", "classes", "capability"] = "homogeneous"
+    speed: float = Field(
+        1.0e8, gt=0, description="FLOP/s (the slowest device under fx; capability 1's FLOP/s)"
+    )
     up_bandwidth: float | None = Field(1.0e6, gt=0, description="bytes/s; null = free")
     down_bandwidth: float | None = Field(1.0e6, gt=0, description="bytes/s; null = free")
     fx_percent: float = Field(80.0, ge=0, lt=100)
     classes: list[DeviceClassConfig] = []
+    beta: float = Field(
+        0.5, ge=0, le=1, description="capability scenario: share β of 'extremely low' devices"
+    )
+    capabilities: tuple[float, float] = Field(
+        (1.0, 3.0),
+        description="capability scenario: capabilities of the 'extremely low' and 'low' "
+        "devices (Fed-RAA: 1 and 3; the authors' code: 1 and 5), × speed FLOP/s",
+    )
     slowdown: SlowdownConfig = SlowdownConfig()
     straggler_ratio: float = Field(
         0.0, ge=0, le=1, description="SALF straggler-ratio scenario: fraction ρ of stragglers"
@@ -145,6 +156,8 @@ class PopulationConfig(_Section):
     def _classes_given(self) -> PopulationConfig:
         if self.scenario == "classes" and not self.classes:
             raise ValueError("scenario 'classes' needs a non-empty population.classes list")
+        if any(not (math.isfinite(c) and c > 0) for c in self.capabilities):
+            raise ValueError("population.capabilities must be two positive numbers")
         return self
 
 
@@ -384,11 +397,9 @@ class FedAsyncOptions(AsyncOptions):
     alpha: float = Field(0.6, gt=0, le=1, description="FedAsync mixing weight α")
 
 
-class FedRAAOptions(AsyncOptions):
-    """Fed-RAA (Zhang et al.): asynchronous training of model fragments sized to each device
-    (docs/methods/fedraa.md)."""
+class _FedRAAFields(AsyncOptions):
+    """What Fed-RAA and its named ablations read (docs/methods/fed-raa.md)."""
 
-    name: Literal["fedraa"] = "fedraa"
     fragments: int = Field(
         4, ge=2, le=5, description="M: the model split into M fragments (Table 4's ratios)"
     )
@@ -398,18 +409,8 @@ class FedRAAOptions(AsyncOptions):
         description="delay bound K in virtual seconds: a client gets only fragments it trains "
         "within K; null = the offline assignment's bound (Theorem 2)",
     )
-    scheduler: Literal["gre-raa", "random", "mp-raa"] = Field(
-        "gre-raa",
-        description="fragment assignment: Gre-RAA (Alg. 2), Random (uniform, ignoring K), "
-        "MP-RAA (least-updated, ignoring K)",
-    )
     alpha: float = Field(0.6, gt=0, le=1, description="mixing weight α of θ ← (1−α_t)θ + α_t·θ_new")
     rho: float = Field(0.01, ge=0, description="ρ of the local proximal term (ρ/2)‖θ^j − θ^j_q‖²")
-    sync: bool = Field(
-        False,
-        description="Sync Fed-RAA (ablation): the same fragments in synchronous rounds of "
-        "every client, averaged with weights n_i/n",
-    )
     mode: Literal["paper", "reference"] = Field(
         "paper",
         description="paper: Alg. 1 and 2 as written (neuron-group fragments, α mixing, "
@@ -417,22 +418,72 @@ class FedRAAOptions(AsyncOptions):
         "share, θ + (n_i/n)·s·Δ with s = 1/(1 + duration/100), counts at assignment)",
     )
 
+    #: the scheduler and synchrony of a named ablation (fed-raa has them as fields)
+    fixed: ClassVar[dict[str, Any]] = {"scheduler": "gre-raa", "sync": False}
+
+    @classmethod
+    def setting(cls, cfg: ExperimentConfig, field: str) -> Any:
+        """``scheduler`` or ``sync`` of this strategy's run on ``cfg``."""
+        return cls.option(cfg, field) if field in cls.model_fields else cls.fixed[field]
+
+    def own(self, field: str) -> Any:
+        """``scheduler`` or ``sync`` of these options."""
+        return getattr(self, field) if field in type(self).model_fields else self.fixed[field]
+
     @classmethod
     def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
         out = set(super().unread(cfg))
-        if cls.option(cfg, "scheduler") != "gre-raa":  # Random and MP-RAA ignore K
+        if cls.setting(cfg, "scheduler") != "gre-raa":  # Random and MP-RAA ignore K
             out.add("strategy.k")
         if cls.option(cfg, "mode") == "reference":  # no mixing weight, staleness or ρ
             out |= {
                 "strategy.alpha", "strategy.rho", "strategy.staleness", "strategy.staleness_a",
                 "strategy.staleness_b", "strategy.staleness_normalize_at",
             }  # fmt: skip
-        if cls.option(cfg, "sync"):  # rounds: no mixing, no staleness, every client
+        if cls.setting(cfg, "sync"):  # rounds: no mixing, no staleness, every client
             out |= {
                 "strategy.alpha", "strategy.staleness", "strategy.staleness_a",
                 "strategy.staleness_b", "strategy.staleness_normalize_at", "strategy.concurrency",
             }  # fmt: skip
         return frozenset(out)
+
+
+class FedRAAOptions(_FedRAAFields):
+    """Fed-RAA (Zhang et al.): asynchronous training of model fragments sized to each
+    device; ``scheduler`` and ``sync`` give its Table 3 ablations, also named below."""
+
+    name: Literal["fed-raa"] = "fed-raa"
+    scheduler: Literal["gre-raa", "random", "mp-raa"] = Field(
+        "gre-raa",
+        description="fragment assignment: Gre-RAA (Alg. 2), Random (uniform, ignoring K), "
+        "MP-RAA (least-updated, ignoring K)",
+    )
+    sync: bool = Field(
+        False,
+        description="Sync Fed-RAA (ablation): the same fragments in synchronous rounds of "
+        "every client, averaged with weights n_i/n",
+    )
+
+
+class FedRAARandomOptions(_FedRAAFields):
+    """Fed-RAA's Random ablation (Table 3): = fed-raa with scheduler random."""
+
+    name: Literal["fed-raa-random"] = "fed-raa-random"
+    fixed = {"scheduler": "random", "sync": False}
+
+
+class FedRAAMPOptions(_FedRAAFields):
+    """Fed-RAA's MP-RAA ablation (Table 3): = fed-raa with scheduler mp-raa."""
+
+    name: Literal["fed-raa-mp"] = "fed-raa-mp"
+    fixed = {"scheduler": "mp-raa", "sync": False}
+
+
+class FedRAASyncOptions(_FedRAAFields):
+    """Fed-RAA's Sync ablation (Table 3): = fed-raa with sync true."""
+
+    name: Literal["fed-raa-sync"] = "fed-raa-sync"
+    fixed = {"scheduler": "gre-raa", "sync": True}
 
 
 # ---- SALF and its baselines (docs/methods/salf.md); the salf section holds their settings
@@ -488,6 +539,9 @@ StrategyOptionsUnion = Annotated[
     | FedBuffOptions
     | FedAsyncOptions
     | FedRAAOptions
+    | FedRAARandomOptions
+    | FedRAAMPOptions
+    | FedRAASyncOptions
     | VanillaOptions
     | SalfOptions
     | HeteroFLOptions

@@ -15,10 +15,14 @@ Scenarios
   slowest (runs at ``speed``) and client N−1 the fastest (its tasks take
   (1 − X/100) of the slowest's time). Speed and both bandwidths are divided
   by τ_i, so every task duration scales by τ_i.
-- ``classes`` (Fed-RAA's capability classes β): a list of classes with a fraction
-  of the population each and their own speed/bandwidths; clients are assigned
-  to classes by a seeded shuffle (largest-remainder counts); a class without
-  its own bandwidths uses the population's.
+- ``classes``: a list of classes with a fraction of the population each and their
+  own speed/bandwidths; clients are assigned to classes by a seeded shuffle
+  (largest-remainder counts); a class without its own bandwidths uses the
+  population's.
+- ``capability`` (Fed-RAA §6.3): two classes, a share β of "extremely low"
+  devices of capability ``capabilities[0]`` and the rest "low" of capability
+  ``capabilities[1]``, a capability c running at c·``speed`` FLOP/s; assigned as
+  ``classes`` (so β = 0.5 equals the two classes of fraction 0.5).
 """
 
 from __future__ import annotations
@@ -212,12 +216,21 @@ def build_population(cfg, num_clients: int, seed: int) -> Population:  # cfg: Po
             down_bandwidth=_bw(cfg.down_bandwidth) / tau,
             **common,
         )
-    # classes
-    counts = _class_counts([c.fraction for c in cfg.classes], n)
-    which = np.repeat(np.arange(len(cfg.classes)), counts)
+    if cfg.scenario == "capability":  # Fed-RAA's β: two classes of the population's links
+        low, high = (float(c) * float(cfg.speed) for c in cfg.capabilities)
+        beta = float(cfg.beta)
+        fractions, speeds = [beta, 1.0 - beta], [low, high]
+        ups = downs = [None, None]
+    else:  # classes
+        fractions = [c.fraction for c in cfg.classes]
+        speeds = [float(c.speed) for c in cfg.classes]
+        ups = [c.up_bandwidth for c in cfg.classes]
+        downs = [c.down_bandwidth for c in cfg.classes]
+    counts = _class_counts(fractions, n)
+    which = np.repeat(np.arange(len(fractions)), counts)
     which = which[stream(seed, "device-classes").permutation(n)]
-    speed = np.array([float(c.speed) for c in cfg.classes])[which]
+    speed = np.array(speeds)[which]
     # a class without its own bandwidth inherits the population's
-    up = np.array([_bw(c.up_bandwidth or cfg.up_bandwidth) for c in cfg.classes])[which]
-    down = np.array([_bw(c.down_bandwidth or cfg.down_bandwidth) for c in cfg.classes])[which]
+    up = np.array([_bw(u or cfg.up_bandwidth) for u in ups])[which]
+    down = np.array([_bw(d or cfg.down_bandwidth) for d in downs])[which]
     return Population(speed=speed, up_bandwidth=up, down_bandwidth=down, **common)

@@ -173,6 +173,23 @@ def element_masks(
     return out
 
 
+def box_view(mask: torch.Tensor) -> tuple[slice, ...] | None:
+    """The slices whose box is exactly ``mask``'s True elements (a neuron group's block of
+    a tensor); None when they do not form one non-empty box."""
+    bounds = []
+    for d in range(mask.dim()):
+        hit = (
+            mask.any(dim=tuple(i for i in range(mask.dim()) if i != d)) if mask.dim() > 1 else mask
+        )
+        idx = torch.nonzero(hit).flatten()
+        if idx.numel() == 0:
+            return None
+        lo, hi = int(idx[0]), int(idx[-1]) + 1
+        bounds.append(slice(lo, hi))
+    view = tuple(bounds)
+    return view if int(mask[view].sum()) == int(mask.sum()) == mask[view].numel() else None
+
+
 def prefix_mask(
     shape: tuple[int, ...], keep: tuple[int, ...], device: torch.device | str = "cpu"
 ) -> torch.Tensor:
@@ -546,10 +563,17 @@ class Fragment(WorkShape):
         cover: dict[str, torch.Tensor | bool] = {
             n: (partial[n] if n in partial else bool(masks[n].any())) for n in layout.param_shapes
         }
-        return Program(
-            trains=names, sends=frozenset(names), coverage=cover, masks=partial,
-            tag=(self.index, self.ratios, self.kind),
-        )  # fmt: skip
+        tag = (self.index, self.ratios, self.kind)
+        # a neuron group is a block of every tensor: the task trains the narrower network
+        # of its slices (the absent neurons cost nothing); else the full tensors, masked
+        views = {n: box_view(masks[n]) for n in layout.param_shapes}
+        if all(v is not None for v in views.values()):
+            boxes = {n: v for n, v in views.items() if v is not None}
+            return Program(
+                trains=tuple(layout.param_shapes), sends=frozenset(layout.param_shapes),
+                views=boxes, coverage=cover, tag=tag,
+            )  # fmt: skip
+        return Program(trains=names, sends=frozenset(names), coverage=cover, masks=partial, tag=tag)
 
     def cost(self, layout: Layout, samples: int) -> TaskCost:
         """Each unit's forward and backward FLOPs scaled by the share of its weights the

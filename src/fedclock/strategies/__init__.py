@@ -16,7 +16,10 @@ from fedclock.config import (
     FedBuffOptions,
     FedFixOptions,
     FedProxOptions,
+    FedRAAMPOptions,
     FedRAAOptions,
+    FedRAARandomOptions,
+    FedRAASyncOptions,
     HeteroFLOptions,
     SalfOptions,
     StrategyOptions,
@@ -183,11 +186,29 @@ STRATEGIES: dict[str, StrategySpec] = {
             FedAsyncOptions,
         ),
         StrategySpec(
-            "fedraa",
+            "fed-raa",
             "Fed-RAA (Zhang et al.): each device trains a model fragment within the delay "
             "bound K (Gre-RAA), mixed in on arrival",
             build_fedraa,
             FedRAAOptions,
+        ),
+        StrategySpec(
+            "fed-raa-random",
+            "Fed-RAA's Random ablation: a uniformly drawn fragment per idle client, K ignored",
+            build_fedraa,
+            FedRAARandomOptions,
+        ),
+        StrategySpec(
+            "fed-raa-mp",
+            "Fed-RAA's MP-RAA ablation: the least-updated fragment per idle client, K ignored",
+            build_fedraa,
+            FedRAAMPOptions,
+        ),
+        StrategySpec(
+            "fed-raa-sync",
+            "Fed-RAA's Sync ablation: Gre-RAA's fragments in barrier rounds, n_i/n-weighted sum",
+            build_fedraa,
+            FedRAASyncOptions,
         ),
         StrategySpec(
             "vanilla",

@@ -275,9 +275,9 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
 
     s = cfg.strategy
     if info.model is None:
-        raise ConfigError("Strategy 'fedraa' needs the model in BuildInfo.")
+        raise ConfigError(f"Strategy '{s.name}' needs the model in BuildInfo.")
     if any(True for _ in info.model.buffers()):
-        raise ConfigError("Strategy 'fedraa' supports models without buffers (mlp, cnn) only.")
+        raise ConfigError(f"Strategy '{s.name}' supports models without buffers (mlp, cnn) only.")
     ratios = FRAGMENT_RATIOS[s.fragments]
     reference = s.mode == "reference"
     units = build_units(info.model, info.layers, "paper")
@@ -287,7 +287,7 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
     try:
         layout.fragment(ratios, 0, kind)
     except ValueError as exc:
-        raise ConfigError(f"Strategy 'fedraa' cannot split this model: {exc}.") from None
+        raise ConfigError(f"Strategy '{s.name}' cannot split this model: {exc}.") from None
     t = cfg.train
     full_plans = [
         local_sgd_plan(int(n), t.batch_size, local_epochs=t.local_epochs, local_steps=t.local_steps)
@@ -295,7 +295,7 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
     ]
     population = info.population
     if population is None:
-        raise ConfigError("Strategy 'fedraa' needs the population in BuildInfo.")
+        raise ConfigError(f"Strategy '{s.name}' needs the population in BuildInfo.")
     costs = np.array([
         [
             population.nominal_timing(
@@ -307,7 +307,7 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
     ])  # fmt: skip
     low, offline = k_feasible(costs), k_offline(costs)
     k = offline if s.k is None else s.k
-    if s.scheduler == "gre-raa" and k < low:
+    if s.own("scheduler") == "gre-raa" and k < low:
         raise ConfigError(
             f"strategy.k = {k:g} s is infeasible: some client needs {low:g} s for its cheapest "
             f"fragment (the offline bound is {offline:g} s); set strategy.k ≥ {low:g}."
@@ -315,7 +315,7 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
     updates = [0] * len(ratios)
     planner = FragmentPlanner(
         full_plans=full_plans, layout=layout, ratios=ratios, costs=costs, k=k,
-        scheduler=s.scheduler, updates=updates, reference=reference,
+        scheduler=s.own("scheduler"), updates=updates, reference=reference,
     )  # fmt: skip
     staleness = Staleness(
         kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
@@ -323,7 +323,7 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
     server = server_optimizer(s, lr=1.0)
     aggregator: Any
     trigger: Any
-    if s.sync:  # the ablation: rounds of every client, a sample-weighted sum
+    if s.own("sync"):  # the ablation: rounds of every client, a sample-weighted sum
         trigger = SyncRounds(work=planner)
         aggregator = CountingFedAvg(
             updates=None if reference else updates, weights=s.weights, server=server
@@ -349,5 +349,5 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
     log.info("fedraa: delay bound K = %g s (feasible from %g s, offline bound %g s)", k, low,
              offline)  # fmt: skip
     return Strategy(
-        name="fedraa", planner=planner, trigger=trigger, aggregator=aggregator, needs=needs
+        name=s.name, planner=planner, trigger=trigger, aggregator=aggregator, needs=needs
     )
