@@ -4,6 +4,7 @@ an independent masked SGD)."""
 from __future__ import annotations
 
 import copy
+import json
 import itertools
 from dataclasses import replace
 
@@ -401,3 +402,121 @@ def test_fedraa_reference_mode_weights_by_data_share_and_duration(tmp_path, monk
     for weight, duration, n, shape in seen:
         assert shape.kind == "elements"
         assert weight == pytest.approx(n / n_total / (1 + duration / 100), rel=1e-12)
+
+
+# ------------------------------------------------------------------ views, names, devices
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    data=st.data(),
+)
+def test_box_view_finds_exactly_the_blocks(shape: list[int], data) -> None:
+    """A mask that is one non-empty block gives its slices; anything else gives None."""
+    from fedclock.models.shapes import box_view
+
+    lo = [data.draw(st.integers(0, s - 1)) for s in shape]
+    hi = [data.draw(st.integers(a + 1, s)) for a, s in zip(lo, shape, strict=True)]
+    mask = torch.zeros(shape, dtype=torch.bool)
+    block = tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))
+    mask[block] = True
+    assert box_view(mask) == block
+    holes = mask.clone()
+    holes.view(-1)[data.draw(st.integers(0, mask.numel() - 1))] ^= True
+    view = box_view(holes)
+    if view is not None:  # flipping an element kept it a block: the block must be exact
+        assert int(holes[view].sum()) == holes[view].numel() == int(holes.sum())
+    assert box_view(torch.zeros(shape, dtype=torch.bool)) is None
+
+
+def test_neuron_fragments_train_their_slices_and_element_fragments_their_masks() -> None:
+    """A neuron group is a block of every tensor, so its program trains the narrower
+    network (views); the authors' element-wise fragments are not blocks (masks)."""
+    model, _, layout = _mlp([20, 12], torch.float32)
+    ratios = FRAGMENT_RATIOS[3]
+    prog = Fragment(1, ratios).program(layout)
+    b1, b2 = group_bounds(20, ratios), group_bounds(12, ratios)
+    names = list(layout.param_shapes)
+    assert prog.masks is None and prog.views is not None
+    assert prog.views[names[0]] == (slice(b1[1], b1[2]), slice(0, 6))  # every input
+    assert prog.views[names[2]] == (slice(b2[1], b2[2]), slice(b1[1], b1[2]))
+    assert prog.views[names[4]] == (slice(0, 10), slice(b2[1], b2[2]))
+    assert prog.views[names[5]] == (slice(0, 10),)  # the output bias: every fragment's
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with_initial = Layout.of(model, layout.units, layout.model_bytes, initial=initial)
+    elements = Fragment(1, ratios, "elements").program(with_initial)
+    assert elements.views is None and elements.masks
+
+
+def test_capability_population_is_two_classes() -> None:
+    """β of 'extremely low' devices at capabilities[0]·speed, the rest at capabilities[1]·
+    speed, assigned as the classes scenario would (same counts, same shuffle)."""
+    from fedclock.config import PopulationConfig
+    from fedclock.devices import build_population
+
+    cap = PopulationConfig(scenario="capability", beta=0.3, capabilities=(1, 5), speed=2e9)
+    classes = PopulationConfig(
+        scenario="classes",
+        classes=[{"fraction": 0.3, "speed": 2e9}, {"fraction": 0.7, "speed": 1e10}],
+    )
+    a, b = build_population(cap, 10, 7), build_population(classes, 10, 7)
+    assert np.array_equal(a.speed, b.speed) and sorted(a.speed) == [2e9] * 3 + [1e10] * 7
+    assert np.array_equal(a.up_bandwidth, b.up_bandwidth)
+    assert sorted(build_population(cap.model_copy(update={"beta": 0.0}), 4, 7).speed) == [1e10] * 4
+
+
+def test_capabilities_must_be_positive() -> None:
+    from fedclock.config import load_config
+    from fedclock.errors import ConfigError
+    from tests.conftest import tiny_raw
+
+    raw = tiny_raw(population={"scenario": "capability", "capabilities": [0, 3]})
+    with pytest.raises(ConfigError, match="capabilities must be two positive numbers"):
+        load_config(raw=raw)
+
+
+@pytest.mark.parametrize(
+    ("name", "option"),
+    [("fed-raa-random", {"scheduler": "random"}), ("fed-raa-mp", {"scheduler": "mp-raa"}),
+     ("fed-raa-sync", {"sync": True})],
+)  # fmt: skip
+def test_named_ablations_are_fed_raa_with_their_option(tmp_path, name, option) -> None:
+    """fed-raa-random / -mp / -sync run exactly fed-raa with scheduler random / mp-raa /
+    sync true; giving such a variant the option it fixes is refused in one sentence."""
+    from fedclock.config import load_config
+    from fedclock.errors import ConfigError
+    from fedclock.experiment import run_experiment
+
+    def metrics(raw: dict, folder: str) -> list[dict]:
+        raw["budget"] = {"aggregations": 6}
+        res = run_experiment(load_config(raw=raw), run_dir=tmp_path / folder)
+        return [{k: v for k, v in r.items() if "wall" not in k} for r in res.history]
+
+    named = _fedraa_raw()
+    named["strategy"] = {"name": name, "fragments": 4}
+    assert metrics(named, "named") == metrics(_fedraa_raw(**option), "option")
+    (field,) = option
+    bad = _fedraa_raw()
+    bad["strategy"] = {"name": name, field: option[field]}
+    with pytest.raises(ConfigError, match=rf"^Config field 'strategy\.{field}' is read by .*\.$"):
+        load_config(raw=bad)
+
+
+def test_cifar10_preset_runs_on_cifar_files(tmp_path) -> None:
+    """fedraa-table2-cifar10 runs from the CLI once CIFAR-10 files are given (a small fake
+    set here; the model narrowed so the test is fast)."""
+    from typer.testing import CliRunner
+
+    from fedclock.cli import app
+    from tests.test_text_cifar import write_fake_cifar10
+
+    write_fake_cifar10(tmp_path / "data", per_batch=20)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        app,
+        ["run", "--preset", "fedraa-table2-cifar10", "--data-dir", str(tmp_path / "data"),
+         "--set", "model.hidden=[40]", "--set", "budget.virtual_time=2",
+         "--set", "eval.every_virtual_seconds=1", "--out", str(out), "-q"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["aggregations"] > 0
