@@ -147,7 +147,8 @@ def _summary_table(summary: dict[str, Any], run_dir: Path) -> Table:
     t.add_column("value", justify="right")
     for key in (
         "final_test_accuracy", "best_test_accuracy", "final_test_loss", "time_to_target",
-        "virtual_time", "aggregations", "updates_used", "updates_discarded", "compute_s_spent",
+        "virtual_time", "aggregations", "updates_used", "updates_discarded", "updates_rejected",
+        "compute_s_spent",
         "compute_s_wasted", "useful_work_ratio", "wall_s",
     ):  # fmt: skip
         v = summary.get(key)

@@ -130,6 +130,18 @@ class DeviceClassConfig(_Section):
     down_bandwidth: float | None = Field(None, gt=0, description="null: population.down_bandwidth")
 
 
+class FaultConfig(_Section):
+    """Fault injection (a test bench for ``guard``): faulty clients send corrupted updates."""
+
+    fraction: float = Field(
+        0.0, ge=0, le=1, description="share of faulty clients (round(fraction·N), seeded)"
+    )
+    kind: Literal["nan", "scale"] = Field(
+        "nan", description="nan: every element of Δ is NaN; scale: Δ × scale"
+    )
+    scale: float = Field(1.0e6, gt=0, description="the factor of kind 'scale'")
+
+
 class PopulationConfig(_Section):
     scenario: Literal["homogeneous", "fx", "classes", "capability"] = "homogeneous"
     speed: float = Field(
@@ -148,6 +160,7 @@ class PopulationConfig(_Section):
         "devices (Fed-RAA: 1 and 3; the authors' code: 1 and 5), × speed FLOP/s",
     )
     slowdown: SlowdownConfig = SlowdownConfig()
+    faults: FaultConfig = FaultConfig()
     straggler_ratio: float = Field(
         0.0, ge=0, le=1, description="SALF straggler-ratio scenario: fraction ρ of stragglers"
     )
@@ -574,6 +587,20 @@ class BudgetConfig(_Section):
         return self
 
 
+class GuardConfig(_Section):
+    """Guarded aggregation: updates checked before the aggregator sees them; a rejected
+    update is counted (``updates_rejected``) and its compute wasted."""
+
+    reject_nonfinite: bool = Field(
+        False,
+        description="reject an update whose training loss or Δ holds NaN or inf (off: such "
+        "an update stops the run as diverged)",
+    )
+    max_update_norm: float | None = Field(
+        None, gt=0, description="reject an update with ‖Δ‖₂ above this (null: no bound)"
+    )
+
+
 class EvalConfig(_Section):
     every_aggregations: int | None = Field(1, ge=1)
     every_virtual_seconds: float | None = Field(None, gt=0)
@@ -680,6 +707,7 @@ class ExperimentConfig(_Section):
     strategy: StrategyOptionsUnion = FedAvgOptions()
     budget: BudgetConfig = BudgetConfig(aggregations=20)
     eval: EvalConfig = EvalConfig()
+    guard: GuardConfig = GuardConfig()
     executor: ExecutorConfig = ExecutorConfig()
     compare: CompareConfig = CompareConfig()
     salf: SalfConfig = SalfConfig()

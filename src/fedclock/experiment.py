@@ -27,6 +27,7 @@ from fedclock.errors import ConfigError, DivergenceError
 from fedclock.metrics.recorder import CLIENT_LOSS_COLUMNS, RunRecorder, summarize
 from fedclock.models import build_model, layer_view, param_bytes
 from fedclock.rng import torch_seed
+from fedclock.sim.guard import FaultInjector, UpdateGuard
 from fedclock.sim.simulator import Budget, Simulator
 from fedclock.sim.types import ModelVersion
 from fedclock.strategies import BuildInfo, Strategy, build_strategy, fedavg_weights
@@ -118,6 +119,20 @@ def client_table(
     if sim.last_client_losses is not None:
         cols["final_train_loss"] = [float(v) for v in sim.last_client_losses]
     return cols
+
+
+def _guard(cfg: ExperimentConfig) -> UpdateGuard | None:
+    g = cfg.guard
+    if not g.reject_nonfinite and g.max_update_norm is None:
+        return None
+    return UpdateGuard(reject_nonfinite=g.reject_nonfinite, max_norm=g.max_update_norm)
+
+
+def _faults(cfg: ExperimentConfig, num_clients: int) -> FaultInjector | None:
+    f = cfg.population.faults
+    if f.fraction == 0:
+        return None
+    return FaultInjector(f.fraction, f.kind, f.scale, num_clients, cfg.seed)
 
 
 def run_experiment(
@@ -233,6 +248,8 @@ def run_experiment(
         evaluate_clients=client_eval,
         importance=importance,
         on_aggregate=_validation_schedule(evaluator, cfg.eval.val_every_aggregations),
+        guard=_guard(cfg),
+        faults=_faults(cfg, p.num_clients),
     )
     status, error, stop = "completed", None, None
     try:

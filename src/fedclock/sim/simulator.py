@@ -42,6 +42,7 @@ import numpy as np
 from fedclock.errors import DivergenceError
 from fedclock.metrics.recorder import federated_metrics
 from fedclock.rng import stream
+from fedclock.sim.guard import FaultInjector, UpdateGuard
 from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ class Counters:
     updates_received: int = 0  # arrived at the server
     updates_used: int = 0
     updates_discarded: int = 0
+    updates_rejected: int = 0  # arrived, refused by the update guard (never aggregated)
     bytes_up: float = 0.0
     bytes_down: float = 0.0
     compute_s_spent: float = 0.0
@@ -218,6 +220,8 @@ class Simulator:
         evaluate_clients: Callable[[ModelVersion], np.ndarray] | None = None,
         importance: np.ndarray | None = None,
         on_aggregate: Callable[[ModelVersion, int], None] | None = None,
+        guard: UpdateGuard | None = None,
+        faults: FaultInjector | None = None,
     ) -> None:
         self.strategy = strategy
         self.executor = executor
@@ -235,6 +239,8 @@ class Simulator:
         self.evaluate_clients = evaluate_clients
         self.importance = importance  # p_i of eq. 2 (default: ∝ client sizes)
         self.on_aggregate = on_aggregate  # (new version, aggregation count), after records
+        self.guard = guard  # refuses bad updates before the aggregator sees them
+        self.faults = faults  # corrupts the updates of faulty clients (a test bench)
         self.last_client_losses: np.ndarray | None = None
 
         self.now = 0.0
@@ -351,13 +357,27 @@ class Simulator:
         self.counters.compute_s_wasted += contribution.task.timing.compute_s
 
     def commit(self, contributions: Sequence[Contribution]) -> ModelVersion:
+        if self.faults is not None:
+            contributions = [self.faults.apply(c) for c in contributions]
+        guard = self.guard
+        if guard is not None:
+            kept = []
+            for c in contributions:
+                if guard.rejects(c):  # counted and wasted, never aggregated
+                    self.counters.updates_rejected += 1
+                    self.counters.compute_s_wasted += c.task.timing.compute_s
+                else:
+                    kept.append(c)
+            if not kept:  # nothing left: no server step
+                return self.model
+            contributions = kept
         isfinite = math.isfinite
         for c in contributions:
             if not isfinite(c.train_loss):
                 raise DivergenceError(
                     f"Training diverged: client {c.client} reported a non-finite training loss "
                     f"at aggregation {self.counters.aggregations + 1} (t = {self.now:.4g} s); "
-                    "lower train.lr."
+                    "lower train.lr (or set guard.reject_nonfinite to drop such updates)."
                 )
         current = self.model.version
         self.model = self.strategy.aggregate(self.ctx, contributions)
@@ -421,6 +441,7 @@ class Simulator:
             "updates_received": ctr.updates_received,
             "updates_used": ctr.updates_used,
             "updates_discarded": ctr.updates_discarded,
+            "updates_rejected": ctr.updates_rejected,
             "test_accuracy": acc,
             "test_loss": loss,
             "bytes_up": ctr.bytes_up,
@@ -439,7 +460,12 @@ class Simulator:
             raise DivergenceError(
                 f"Training diverged: the test loss is {loss:.4g} after aggregation "
                 f"{ctr.aggregations} (t = {t:.4g} s), against {initial:.4g} at the start; "
-                "lower train.lr."
+                "lower train.lr"
+                + (
+                    "."
+                    if math.isfinite(loss) or self.guard is not None
+                    else " (or set guard.reject_nonfinite: true if clients may send corrupt updates)."
+                )
             )
 
     def per_client(self, counts: dict[int, int] | dict[int, float]) -> np.ndarray:
