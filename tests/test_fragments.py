@@ -4,8 +4,8 @@ an independent masked SGD)."""
 from __future__ import annotations
 
 import copy
-import json
 import itertools
+import json
 from dataclasses import replace
 
 import numpy as np
