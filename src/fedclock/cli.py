@@ -71,6 +71,37 @@ def _user_errors() -> Iterator[None]:
     except FedclockError as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    except OSError as exc:  # an unwritable or full disk, a folder where a file should be, ...
+        what = exc.strerror or exc.__class__.__name__
+        where = f"{exc.filename}: " if exc.filename else ""
+        msg = f"Could not use {where}{what[0].lower()}{what[1:]}."
+        Console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+_RUN_FILES = frozenset({"config.yaml", "meta.json", "metrics.csv", "summary.json", "clients.csv"})
+
+
+def _fresh_run_dir(out: Path | None, cfg: Any) -> None:
+    """``run --out``: a new or empty folder, or one holding a run of this very config (made
+    again, the same numbers): no other file already there is ever overwritten."""
+    from fedclock.config import to_yaml
+    from fedclock.errors import ConfigError
+
+    if out is None or not out.exists():
+        return
+    if not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder for the run.")
+    names = {p.name for p in out.iterdir()}
+    if not names:
+        return
+    same = (out / "config.yaml").is_file() and (out / "config.yaml").read_text() == to_yaml(cfg)
+    if not (same and names <= _RUN_FILES):
+        raise ConfigError(
+            f"Run folder {out} already exists and holds other files than a run of this "
+            "config; fedclock writes a run only into a new or empty folder (or over a run of "
+            "the same config), so give another --out."
+        )
 
 
 def _load(
@@ -90,6 +121,10 @@ def _load(
     raw: dict[str, Any] = load_preset(preset) if preset else (read_yaml(config) if config else {})
     extra = list(overrides or [])
     if data_dir is not None:
+        if data_dir.exists() and not data_dir.is_dir():
+            raise ConfigError(
+                f"--data-dir {data_dir} is a file; give the folder that holds the data."
+            )
         extra.append(f"data.data_dir={data_dir}")
     return load_config(raw=raw, overrides=extra, grid=grid)  # grid: a comparison's base
 
@@ -176,6 +211,7 @@ def run(
     console = _console(json_out, quiet)
     with _user_errors():
         cfg = _load(config, preset, set_, data_dir)
+        _fresh_run_dir(out, cfg)
         with _progress(console, quiet) as progress:
             result = run_experiment(
                 cfg, run_dir=out, progress=_Bar(progress, cfg, cfg.strategy.name), argv=sys.argv

@@ -30,7 +30,8 @@ from fedclock.errors import ConfigError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # NaN and ±inf are refused in every field (a config that says .inf means a mistake)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class SyntheticConfig(_Section):
@@ -211,7 +212,7 @@ class StrategyOptions(BaseModel):
     # extra: fields of other strategies that a comparison's base config carries for them
     # (ExperimentConfig._strategy_fields decides when that is allowed); a run of this
     # strategy never sees them (own_fields)
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
 
     name: str
     weights: Literal["samples", "uniform"] = Field(
@@ -993,7 +994,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"Config file not found: {p}.")
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"Config file {p} is not UTF-8 text (byte {exc.start} cannot be decoded)."
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
