@@ -37,10 +37,24 @@ def _free_runs() -> Iterator[None]:
     gc.collect()
 
 
-def _data_args(raw: dict[str, Any]) -> list[str]:
+@pytest.fixture(scope="module")
+def fake_cifar(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Small CIFAR-10 and CIFAR-100 folders in the official layout (the presets for them run
+    when the real files are given; here they run as shipped on these)."""
+    from tests.test_text_cifar import write_fake_cifar10, write_fake_cifar100
+
+    root = tmp_path_factory.mktemp("cifar")
+    write_fake_cifar10(root, per_batch=20)
+    write_fake_cifar100(root, n=60)
+    return root
+
+
+def _data_args(raw: dict[str, Any], cifar: Path) -> list[str]:
     name = raw["data"]["name"]
     if name in ("mnist", "shakespeare"):
         return ["--data-dir", str(require_data(name))]
+    if name in ("cifar10", "cifar100"):
+        return ["--data-dir", str(cifar)]
     return []
 
 
@@ -60,9 +74,11 @@ def test_the_presets_command_lists_every_preset() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
-def test_every_preset_runs_as_shipped(tmp_path: Path, preset: str) -> None:
+def test_every_preset_runs_as_shipped(tmp_path: Path, preset: str, fake_cifar: Path) -> None:
     raw = load_preset(preset)
-    summary = _invoke(["run", "--preset", preset, *_data_args(raw), "--out", str(tmp_path)])
+    summary = _invoke(
+        ["run", "--preset", preset, *_data_args(raw, fake_cifar), "--out", str(tmp_path)]
+    )
     assert summary["status"] == "completed" and summary["aggregations"] == 1
 
 
@@ -70,9 +86,11 @@ def test_every_preset_runs_as_shipped(tmp_path: Path, preset: str) -> None:
 @pytest.mark.parametrize(
     "preset", [p for p in PRESETS if load_preset(p).get("compare", {}).get("strategies")]
 )
-def test_every_preset_compares_as_shipped(tmp_path: Path, preset: str) -> None:
+def test_every_preset_compares_as_shipped(tmp_path: Path, preset: str, fake_cifar: Path) -> None:
     raw = load_preset(preset)
-    result = _invoke(["compare", "--preset", preset, *_data_args(raw), "--out", str(tmp_path)])
+    result = _invoke(
+        ["compare", "--preset", preset, *_data_args(raw, fake_cifar), "--out", str(tmp_path)]
+    )
     compare = raw["compare"]
     assert len(result["rows"]) == len(compare["strategies"])
     assert all(r["n_seeds"] == len(compare.get("seeds") or [raw["seed"]]) for r in result["rows"])
@@ -85,9 +103,11 @@ def test_every_preset_compares_as_shipped(tmp_path: Path, preset: str) -> None:
 @pytest.mark.parametrize(
     "preset", [p for p in PRESETS if load_preset(p).get("compare", {}).get("over")]
 )
-def test_every_preset_sweeps_as_shipped(tmp_path: Path, preset: str) -> None:
+def test_every_preset_sweeps_as_shipped(tmp_path: Path, preset: str, fake_cifar: Path) -> None:
     raw = load_preset(preset)
-    result = _invoke(["sweep", "--preset", preset, *_data_args(raw), "--out", str(tmp_path)])
+    result = _invoke(
+        ["sweep", "--preset", preset, *_data_args(raw, fake_cifar), "--out", str(tmp_path)]
+    )
     path, values = parse_over(raw["compare"]["over"][0])
     cells = {(r["strategy"], r[path]) for r in result["rows"]}
     assert cells == {(s, v) for s in raw["compare"]["strategies"] for v in values}
