@@ -200,6 +200,12 @@ def test_plot_overlays_runs(tmp_path):
     res = runner.invoke(app, ["plot", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(png)])
     assert res.exit_code == 0, res.output
     assert png.stat().st_size > 1000
+    # the first evaluations only, from a lower bound of the accuracy axis
+    cropped = tmp_path / "cropped.png"
+    args = ["plot", str(tmp_path / "a"), "--until", "1e-9", "--y-min", "0.5", "--out", str(cropped)]
+    assert runner.invoke(app, args).exit_code == 0 and cropped.stat().st_size > 1000
+    res = runner.invoke(app, ["plot", str(tmp_path / "a"), "--until", "-1"])
+    assert res.exit_code == 2 and "--until must be a positive virtual time" in res.stderr
 
 
 def test_plot_draws_sweep_folders_side_by_side(tmp_path):

@@ -540,6 +540,13 @@ def plot(
     log_x: Annotated[
         bool, typer.Option("--log-x", help="Sweeps: a logarithmic axis for the swept value.")
     ] = False,
+    until: Annotated[
+        float | None,
+        typer.Option(help="Runs: plot only the evaluations up to this virtual time (s)."),
+    ] = None,
+    y_min: Annotated[
+        float | None, typer.Option(help="Runs: the lower end of the metric's axis.")
+    ] = None,
 ) -> None:
     """Overlay accuracy vs virtual time and vs aggregation index for several runs; or, for
     sweep folders, one panel per sweep: the metric against the swept value per strategy."""
@@ -588,8 +595,13 @@ def plot(
             metrics = read_metrics(d)
             if metric not in metrics:
                 raise DataError(f"{d}/metrics.csv has no column '{metric}'.")
+            if until is not None:
+                if until <= 0:
+                    raise DataError(f"--until must be a positive virtual time, got {until:g}.")
+                keep = metrics["virtual_time"] <= until
+                metrics = {k: v[keep] for k, v in metrics.items()}
             groups[label] = [metrics]
-        path = plot_groups(groups, out or run_dirs[0] / "accuracy.png", metric=metric)
+        path = plot_groups(groups, out or run_dirs[0] / "accuracy.png", metric=metric, y_min=y_min)
     Console().print(f"wrote {path}")
 
 

@@ -54,8 +54,10 @@ def plot_groups(
     *,
     title: str = "",
     metric: str = "test_accuracy",
+    y_min: float | None = None,
 ) -> Path:
-    """One line per group (mean over its runs, ±std band when several) vs time and vs aggregations."""
+    """One line per group (mean over its runs, ±std band when several) vs time and vs
+    aggregations; ``y_min``: the lower end of the metric's axis (default: matplotlib's)."""
     fig, (ax_t, ax_a) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, (label, runs) in enumerate(groups.items()):
         runs = [r for r in runs if r]
@@ -86,6 +88,8 @@ def plot_groups(
     for ax in (ax_t, ax_a):
         ax.set_ylabel(pretty)
         ax.grid(alpha=0.3)
+        if y_min is not None:
+            ax.set_ylim(bottom=y_min)
     ax_t.legend(loc="lower right", fontsize=9)
     if title:
         fig.suptitle(title)
