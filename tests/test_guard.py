@@ -94,3 +94,16 @@ def test_a_norm_bound_rejects_huge_updates_under_an_asynchronous_trigger(tmp_pat
     assert s["aggregations"] == s["updates_used"] == 200
     assert s["updates_received"] >= s["updates_used"] + s["updates_rejected"]
     assert s["final_test_accuracy"] >= clean["final_test_accuracy"] - 0.02
+
+
+def test_a_guard_that_rejects_everything_stops_the_run_in_one_sentence(tmp_path) -> None:
+    """Every client faulty: no update is ever accepted, so the run cannot reach its
+    aggregation budget; it stops as diverged after 1,000 rejections in a row."""
+    code, output, s, rows = _run(
+        tmp_path, "all", "population.faults.fraction=1.0", "guard.reject_nonfinite=true",
+        "budget.aggregations=5",
+    )  # fmt: skip
+    assert code == 3 and s["status"] == "diverged" and rows
+    assert "The update guard rejected the last 1000 updates in a row" in output
+    assert "Traceback" not in output
+    assert s["updates_rejected"] == 1000 and s["aggregations"] == 0

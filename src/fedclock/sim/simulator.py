@@ -241,6 +241,7 @@ class Simulator:
         self.on_aggregate = on_aggregate  # (new version, aggregation count), after records
         self.guard = guard  # refuses bad updates before the aggregator sees them
         self.faults = faults  # corrupts the updates of faulty clients (a test bench)
+        self._rejected_streak = 0  # updates rejected since the last accepted one
         self.last_client_losses: np.ndarray | None = None
 
         self.now = 0.0
@@ -369,7 +370,15 @@ class Simulator:
                 else:
                     kept.append(c)
             if not kept:  # nothing left: no server step
+                self._rejected_streak += len(contributions)
+                if self._rejected_streak >= max(1000, 10 * len(self.population)):
+                    raise DivergenceError(
+                        f"The update guard rejected the last {self._rejected_streak} updates "
+                        f"in a row (t = {self.now:.4g} s), so the model cannot move; loosen "
+                        "guard.max_update_norm or lower population.faults.fraction."
+                    )
                 return self.model
+            self._rejected_streak = 0
             contributions = kept
         isfinite = math.isfinite
         for c in contributions:
