@@ -2,9 +2,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -111,6 +114,16 @@ def find_data(name: str) -> Path | None:
 def mnist_dir() -> Path | None:
     """The shared MNIST folder if present (../shared/data/mnist or $FEDCLOCK_DATA)."""
     return find_data("mnist")
+
+
+@functools.cache
+def load_script(name: str) -> Any:
+    """``scripts/<name>.py`` imported as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def require_data(name: str) -> Path:

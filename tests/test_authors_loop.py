@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 
 import pytest
 
-from tests.conftest import REPO, require_data
+from tests.conftest import load_script, require_data
 
 
-@functools.cache
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "salf_loop", REPO / "scripts" / "salf_authors_loop.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("salf_authors_loop")
 
 
 def _loop(capsys, *argv: str) -> dict:

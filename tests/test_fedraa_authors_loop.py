@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, require_data
+from tests.conftest import load_script, require_data
 
 
-@functools.cache
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "fedraa_loop", REPO / "scripts" / "fedraa_authors_loop.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("fedraa_authors_loop")
 
 
 def test_offline_bound_on_the_authors_example_and_the_preset() -> None:
