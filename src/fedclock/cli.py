@@ -77,9 +77,14 @@ def _user_errors() -> Iterator[None]:
         msg = f"Could not use {where}{what[0].lower()}{what[1:]}."
         Console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:  # outside a run's loop (which stops cleanly on its own)
+        Console(stderr=True).print("[bold red]error:[/] Interrupted (Ctrl-C).", highlight=False)
+        raise typer.Exit(130) from None
 
 
-_RUN_FILES = frozenset({"config.yaml", "meta.json", "metrics.csv", "summary.json", "clients.csv"})
+_RUN_FILES = frozenset(
+    {"config.yaml", "meta.json", "metrics.csv", "summary.json", "clients.csv", "checkpoint.pt"}
+)
 
 
 def _fresh_run_dir(out: Path | None, cfg: Any) -> None:
@@ -92,7 +97,8 @@ def _fresh_run_dir(out: Path | None, cfg: Any) -> None:
         return
     if not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a folder for the run.")
-    names = {p.name for p in out.iterdir()}
+    # (a checkpoint being written when the process was killed leaves a temporary file)
+    names = {p.name for p in out.iterdir() if not p.name.startswith(".checkpoint-")}
     if not names:
         return
     same = (out / "config.yaml").is_file() and (out / "config.yaml").read_text() == to_yaml(cfg)
@@ -102,6 +108,24 @@ def _fresh_run_dir(out: Path | None, cfg: Any) -> None:
             "config; fedclock writes a run only into a new or empty folder (or over a run of "
             "the same config), so give another --out."
         )
+
+
+def _resume_config(run_dir: Path) -> Any:
+    """The config of the run in ``run_dir`` to resume (None if that run has finished)."""
+    from fedclock.config import load_config, read_yaml
+    from fedclock.errors import ConfigError
+    from fedclock.sim.checkpoint import CHECKPOINT_FILE
+
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"--resume {run_dir}: no fedclock run there (it has no config.yaml).")
+    if not (run_dir / CHECKPOINT_FILE).is_file():
+        try:
+            status = json.loads((run_dir / "summary.json").read_text()).get("status")
+        except (OSError, ValueError):
+            status = None
+        if status in ("completed", "diverged"):
+            return None
+    return load_config(raw=read_yaml(run_dir / "config.yaml"))
 
 
 def _load(
@@ -202,19 +226,49 @@ def run(
         typer.Option("--out", "-o", help="Run directory (default runs/<name>-<strategy>-<time>)."),
     ] = None,
     data_dir: DataDirOpt = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            "--resume",
+            help="Continue the interrupted run in this folder from its checkpoint (its own "
+            "config; the result equals an uninterrupted run's).",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Run one experiment and write its run directory."""
+    """Run one experiment and write its run directory (or go on with an interrupted one)."""
     from fedclock.experiment import run_experiment
 
     console = _console(json_out, quiet)
     with _user_errors():
-        cfg = _load(config, preset, set_, data_dir)
-        _fresh_run_dir(out, cfg)
+        if resume is not None:
+            if config is not None or preset is not None or set_ or data_dir or out:
+                from fedclock.errors import ConfigError
+
+                raise ConfigError(
+                    "--resume continues a run with the config in its folder: give no CONFIG, "
+                    "--preset, --set, --data-dir or --out with it."
+                )
+            cfg = _resume_config(resume)
+            out = resume
+            if cfg is None:  # the run had finished
+                summary = json.loads((resume / "summary.json").read_text())
+                console.print(_summary_table(summary, resume))
+                console.print(
+                    f"{resume} holds a finished run ({summary['status']}): nothing to resume."
+                )
+                return
+        else:
+            cfg = _load(config, preset, set_, data_dir)
+            _fresh_run_dir(out, cfg)
         with _progress(console, quiet) as progress:
             result = run_experiment(
-                cfg, run_dir=out, progress=_Bar(progress, cfg, cfg.strategy.name), argv=sys.argv
+                cfg,
+                run_dir=out,
+                progress=_Bar(progress, cfg, cfg.strategy.name),
+                argv=sys.argv,
+                resume=resume is not None,
             )
     console.print(_summary_table(result.summary, result.run_dir))
     if json_out:

@@ -602,6 +602,19 @@ class GuardConfig(_Section):
     )
 
 
+class CheckpointConfig(_Section):
+    """Checkpoints of the whole run state (``checkpoint.pt`` in the run folder), from which
+    ``fedclock run --resume`` and ``compare``/``sweep`` continue an interrupted run exactly;
+    Ctrl-C writes one before stopping. Both null: no checkpoints."""
+
+    every_aggregations: int | None = Field(
+        None, ge=1, description="write a checkpoint every this many server steps"
+    )
+    every_seconds: float | None = Field(
+        60.0, gt=0, description="write a checkpoint every this many wall-clock seconds"
+    )
+
+
 class EvalConfig(_Section):
     every_aggregations: int | None = Field(1, ge=1)
     every_virtual_seconds: float | None = Field(None, gt=0)
@@ -709,6 +722,7 @@ class ExperimentConfig(_Section):
     budget: BudgetConfig = BudgetConfig(aggregations=20)
     eval: EvalConfig = EvalConfig()
     guard: GuardConfig = GuardConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     executor: ExecutorConfig = ExecutorConfig()
     compare: CompareConfig = CompareConfig()
     salf: SalfConfig = SalfConfig()

@@ -21,3 +21,7 @@ class DataError(FedclockError):
 
 class DivergenceError(FedclockError):
     """Training produced a non-finite loss or parameters."""
+
+
+class CheckpointError(FedclockError):
+    """A checkpoint cannot be written, read back or resumed from."""

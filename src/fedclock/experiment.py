@@ -7,6 +7,7 @@ ExperimentConfig → Dataset → partition → model (layers, FLOPs) → populat
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import time
@@ -23,10 +24,17 @@ from fedclock.data import SyntheticSpec, TextSpec, load_dataset, partition
 from fedclock.data.transforms import authors_normalization, holdout_split
 from fedclock.devices import Population, build_population
 from fedclock.devices.cost import TaskCost
-from fedclock.errors import ConfigError, DivergenceError
-from fedclock.metrics.recorder import CLIENT_LOSS_COLUMNS, RunRecorder, summarize
+from fedclock.errors import CheckpointError, ConfigError, DivergenceError
+from fedclock.metrics.recorder import CLIENT_LOSS_COLUMNS, RunRecorder, source_digest, summarize
 from fedclock.models import build_model, layer_view, param_bytes
 from fedclock.rng import torch_seed
+from fedclock.sim.checkpoint import (
+    CHECKPOINT_FILE,
+    Checkpointer,
+    restore,
+    stop_on_sigint,
+)
+from fedclock.sim.checkpoint import read as read_checkpoint
 from fedclock.sim.guard import FaultInjector, UpdateGuard
 from fedclock.sim.simulator import Budget, Simulator
 from fedclock.sim.types import ModelVersion
@@ -135,14 +143,88 @@ def _faults(cfg: ExperimentConfig, num_clients: int) -> FaultInjector | None:
     return FaultInjector(f.fraction, f.kind, f.scale, num_clients, cfg.seed)
 
 
+def checkpoint_header(cfg: ExperimentConfig) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: fedclock's version and source, the config."""
+    from fedclock import __version__
+
+    return {
+        "fedclock": __version__,
+        "source_digest": source_digest(),
+        "config_sha256": hashlib.sha256(to_yaml(cfg).encode()).hexdigest(),
+    }
+
+
+def check_resumable(payload: dict[str, Any], header: dict[str, Any], run_dir: Path) -> None:
+    """One sentence when the checkpoint in ``run_dir`` was made by other code or config."""
+    if payload.get("config_sha256") != header["config_sha256"]:
+        raise CheckpointError(
+            f"The checkpoint in {run_dir} was made for another config than this run's, so it "
+            "cannot be resumed; run it again without --resume (or in another folder)."
+        )
+    if (payload.get("fedclock"), payload.get("source_digest")) != (
+        header["fedclock"],
+        header["source_digest"],
+    ):
+        raise CheckpointError(
+            f"The checkpoint in {run_dir} was made by other fedclock source (version "
+            f"{payload.get('fedclock')}), so resuming it would not give the same run; run it "
+            "again without --resume."
+        )
+
+
+def _chain(
+    progress: Callable[[Simulator], None] | None, checkpointer: Checkpointer
+) -> Callable[[Simulator], None]:
+    if progress is None:
+        return checkpointer
+
+    def on_event(sim: Simulator) -> None:
+        progress(sim)
+        checkpointer(sim)
+
+    return on_event
+
+
+def _run_and_record(
+    sim: Simulator, cfg: ExperimentConfig, recorder: RunRecorder, run_dir: Path, wall0: float
+) -> tuple[dict[str, Any], str | None]:
+    """Run the simulator; (summary, one sentence if it diverged or was interrupted)."""
+    status, error, stop = "completed", None, None
+    try:
+        stop = sim.run().value
+    except DivergenceError as exc:
+        status, error = "diverged", str(exc)
+    except KeyboardInterrupt:
+        status = "interrupted"
+        error = f"Interrupted at virtual time {sim.now:.4g} s; the metrics so far are in {run_dir}"
+        if (run_dir / CHECKPOINT_FILE).is_file():
+            error += f", and `fedclock run --resume {run_dir}` continues it."
+        else:
+            error += " (no checkpoint was written yet: the run starts again from t = 0)."
+    finally:
+        recorder.close()
+    summary = summarize(
+        name=cfg.name, strategy=cfg.strategy.name, seed=cfg.seed, status=status, stop_reason=stop,
+        history=sim.history, counters=sim.counters,
+        wall_s=time.perf_counter() - min(wall0, sim.wall_start), virtual_time=sim.now,
+        target_accuracy=cfg.eval.target_accuracy, num_clients=cfg.partition.num_clients,
+    )  # fmt: skip
+    return summary, error
+
+
 def run_experiment(
     cfg: ExperimentConfig,
     *,
     run_dir: Path | None = None,
     progress: Callable[[Simulator], None] | None = None,
     argv: list[str] | None = None,
+    resume: bool = False,
 ) -> RunResult:
-    """Run one experiment; always leaves a complete run directory, even on divergence or Ctrl-C."""
+    """Run one experiment; always leaves a complete run directory, even on divergence or Ctrl-C.
+
+    ``resume``: continue the run in ``run_dir`` from its checkpoint (from the start if it has
+    none); the result is the one an uninterrupted run gives, wall-clock columns aside.
+    """
     wall0 = time.perf_counter()
     if cfg.executor.threads is not None:
         torch.set_num_threads(cfg.executor.threads)
@@ -226,10 +308,26 @@ def run_experiment(
     importance = fedavg_weights(sizes.tolist(), cfg.strategy.weights)
 
     run_dir = run_dir or default_run_dir(cfg)
+    header = checkpoint_header(cfg)
+    ck_path = run_dir / CHECKPOINT_FILE
+    if run_dir.is_dir():  # left by a process killed while writing a checkpoint
+        for tmp in run_dir.glob(".checkpoint-*.tmp"):
+            tmp.unlink(missing_ok=True)
+    resumed = None
+    if resume and ck_path.is_file():
+        resumed = read_checkpoint(ck_path, map_location=device)
+        check_resumable(resumed, header, run_dir)
+    else:  # a checkpoint of an earlier run in this folder must never be resumed into this one
+        ck_path.unlink(missing_ok=True)
     recorder = RunRecorder(
-        run_dir, extra_columns=CLIENT_LOSS_COLUMNS if client_eval is not None else ()
+        run_dir,
+        extra_columns=CLIENT_LOSS_COLUMNS if client_eval is not None else (),
+        resume_rows=None if resumed is None else resumed["rows"],
     )
-    recorder.write_config(to_yaml(cfg), cfg.seed, argv)
+    if resumed is None:
+        recorder.write_config(to_yaml(cfg), cfg.seed, argv)
+    else:
+        recorder.note_resume(argv)
     b = cfg.budget
     sim = Simulator(
         strategy=strategy,
@@ -251,25 +349,28 @@ def run_experiment(
         guard=_guard(cfg),
         faults=_faults(cfg, p.num_clients),
     )
-    status, error, stop = "completed", None, None
-    try:
-        stop = sim.run().value
-    except DivergenceError as exc:
-        status, error = "diverged", str(exc)
-    except KeyboardInterrupt:
-        status = "interrupted"
-        error = f"Interrupted at virtual time {sim.now:.4g} s; the metrics so far are in {run_dir}."
-    finally:
-        recorder.close()
-    summary = summarize(
-        name=cfg.name, strategy=cfg.strategy.name, seed=cfg.seed, status=status, stop_reason=stop,
-        history=sim.history, counters=sim.counters, wall_s=time.perf_counter() - wall0,
-        virtual_time=sim.now, target_accuracy=cfg.eval.target_accuracy, num_clients=p.num_clients,
-    )  # fmt: skip
-    if val_xy is not None:  # test accuracy of the best-validation checkpoint (SALF Table II)
-        summary["val_best_test_accuracy"] = evaluator.best_val_test_accuracy
-        summary["best_val_accuracy"] = evaluator.best_val
-        summary["validations"] = evaluator.validations
-    recorder.write_summary(summary)
-    recorder.write_clients(client_table(sim, strategy, population, importance))
+    if resumed is not None:
+        restore(sim, resumed["state"])
+    ck = cfg.checkpoint
+    checkpointer = None
+    if ck.every_aggregations is not None or ck.every_seconds is not None:
+        checkpointer = Checkpointer(
+            ck_path,
+            header,
+            every_aggregations=ck.every_aggregations,
+            every_seconds=ck.every_seconds,
+        )
+        sim.on_progress = _chain(progress, checkpointer)
+    # Ctrl-C stops the loop at the next event (after a checkpoint); once the loop is over it
+    # is ignored until the run folder is complete
+    with stop_on_sigint(checkpointer):
+        summary, error = _run_and_record(sim, cfg, recorder, run_dir, wall0)
+        if val_xy is not None:  # test accuracy of the best-validation checkpoint (SALF Table II)
+            summary["val_best_test_accuracy"] = evaluator.best_val_test_accuracy
+            summary["best_val_accuracy"] = evaluator.best_val
+            summary["validations"] = evaluator.validations
+        recorder.write_summary(summary)
+        recorder.write_clients(client_table(sim, strategy, population, importance))
+        if summary["status"] != "interrupted":  # finished or diverged: nothing to resume
+            (run_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
     return RunResult(run_dir=run_dir, summary=summary, history=sim.history, error=error)

@@ -133,16 +133,51 @@ def source_digest() -> str:
 
 
 class RunRecorder:
-    def __init__(self, run_dir: Path, *, extra_columns: Sequence[str] = ()) -> None:
+    """Writes a run folder. ``resume_rows``: continue the run folder's metrics.csv after its
+    first ``resume_rows`` rows (those a checkpoint covers; later ones are dropped, the resumed
+    run writes them again)."""
+
+    def __init__(
+        self, run_dir: Path, *, extra_columns: Sequence[str] = (), resume_rows: int | None = None
+    ) -> None:
         self.run_dir = run_dir
         self.columns = (*METRIC_COLUMNS, *extra_columns)
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("metrics.csv", "summary.json", "clients.csv"):
+        stale_files = ["summary.json", "clients.csv"]
+        if resume_rows is None:
+            stale_files.append("metrics.csv")
+        for stale in stale_files:
             (run_dir / stale).unlink(missing_ok=True)
-        self._fh = (run_dir / "metrics.csv").open("w", newline="")
+        path = run_dir / "metrics.csv"
+        if resume_rows is not None:
+            self._truncate(path, resume_rows)
+            self._fh = path.open("a", newline="")
+            self._writer = csv.DictWriter(self._fh, fieldnames=list(self.columns))
+            return
+        self._fh = path.open("w", newline="")
         self._writer = csv.DictWriter(self._fh, fieldnames=list(self.columns))
         self._writer.writeheader()
         self._fh.flush()
+
+    def _truncate(self, path: Path, rows: int) -> None:
+        from fedclock.errors import CheckpointError
+
+        try:
+            lines = path.read_bytes().splitlines(keepends=True)
+        except OSError:
+            lines = []
+        header = ",".join(self.columns).encode()
+        if not lines or lines[0].rstrip(b"\r\n") != header or len(lines) < rows + 1:
+            raise CheckpointError(
+                f"{path} does not hold the {rows} rows its checkpoint covers, so the run "
+                "cannot be resumed; run it again without --resume."
+            )
+        kept = lines[: rows + 1]
+        if not kept[-1].endswith(b"\n"):
+            raise CheckpointError(f"{path} ends in a partial row, so the run cannot be resumed.")
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(b"".join(kept))
+        tmp.replace(path)
 
     def write_config(self, config_yaml: str, seed: int, argv: Sequence[str] | None = None) -> None:
         (self.run_dir / "config.yaml").write_text(config_yaml)
@@ -153,6 +188,16 @@ class RunRecorder:
             "argv": list(argv if argv is not None else sys.argv),
         }
         (self.run_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+    def note_resume(self, argv: Sequence[str] | None = None) -> None:
+        """meta.json lists each resume's command line (the run's own fields stay)."""
+        path = self.run_dir / "meta.json"
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError):
+            meta = {}
+        meta.setdefault("resumed", []).append(list(argv if argv is not None else sys.argv))
+        path.write_text(json.dumps(meta, indent=2) + "\n")
 
     def record(self, row: dict[str, Any]) -> None:
         self._writer.writerow({k: _fmt(row[k]) for k in self.columns})

@@ -265,6 +265,7 @@ class Simulator:
         self._last_eval: tuple[int, float] | None = None
         self._wall0 = time.perf_counter()
         self.history: list[dict[str, Any]] = []
+        self._resumed = False  # restore_state() was called: the loop skips the start
 
     # ------------------------------------------------------------ events
     def push(self, t: float, kind: int, payload: Any) -> None:
@@ -495,9 +496,63 @@ class Simulator:
             participations=self.per_client(self.counters.participation),
         )
 
+    # ------------------------------------------------------------ checkpoints
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The engine's state between two events (fedclock.sim.checkpoint stores it; the
+        strategy, executor and evaluator are components of their own)."""
+        seq = next(self._seq)
+        self._seq = itertools.count(seq)  # (reading the counter must not advance it)
+        return {
+            "now": self.now,
+            "counters": dict(vars(self.counters)),
+            "heap": list(self._heap),
+            "seq": seq,
+            "next_task_id": self._next_task_id,
+            "task_count": list(self._task_count),
+            "last_base": list(self._last_base),
+            "on_last_base": list(self._on_last_base),
+            # in dispatch order: the order the executor gets them in
+            "pending": list(self._pending.values()),
+            "results": list(self._results.values()),
+            "in_flight": list(self._in_flight.values()),
+            "last_eval": self._last_eval,
+            "history": self.history,
+            "rejected_streak": self._rejected_streak,
+            "last_client_losses": self.last_client_losses,
+            "model": self.model,
+            "wall_s": time.perf_counter() - self._wall0,
+        }
+
+    @property
+    def wall_start(self) -> float:
+        """``time.perf_counter()`` at the run's start (before a restore: moved back by the
+        wall time the checkpointed part took)."""
+        return self._wall0
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        self.now = state["now"]
+        self.counters = Counters(**state["counters"])
+        self._heap = list(state["heap"])
+        self._seq = itertools.count(state["seq"])
+        self._next_task_id = state["next_task_id"]
+        self._task_count = list(state["task_count"])
+        self._last_base = list(state["last_base"])
+        self._on_last_base = list(state["on_last_base"])
+        self._pending = {t.task_id: t for t in state["pending"]}
+        self._results = {c.task.task_id: c for c in state["results"]}
+        self._in_flight = {t.task_id: t for t in state["in_flight"]}
+        self._last_eval = state["last_eval"]
+        self.history = list(state["history"])
+        self._rejected_streak = state["rejected_streak"]
+        self.last_client_losses = state["last_client_losses"]
+        self.model = state["model"]
+        self._wall0 = time.perf_counter() - state["wall_s"]
+        self._resumed = True
+
     # ------------------------------------------------------------ main loop
     def run(self) -> StopReason:
-        """Run until a budget is spent or nothing is left to happen.
+        """Run until a budget is spent or nothing is left to happen (from where a restored
+        checkpoint left off, if one was).
 
         If the run ends early (divergence, Ctrl-C) the exception propagates
         after the work in flight has been accounted for.
@@ -514,11 +569,12 @@ class Simulator:
         return self.stop_reason
 
     def _loop(self) -> None:
-        self._record(0.0)
         dt = self.eval_every_virtual_seconds
-        if dt is not None:
-            self.push(dt, _EVAL, None)
-        self.strategy.on_start(self.ctx)
+        if not self._resumed:  # (a restored run has its start behind it)
+            self._record(0.0)
+            if dt is not None:
+                self.push(dt, _EVAL, None)
+            self.strategy.on_start(self.ctx)
         # the loop runs once per event: everything it touches is bound to a local
         heap, pop, push = self._heap, heapq.heappop, heapq.heappush
         in_flight, results, counters = self._in_flight, self._results, self.counters

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -64,6 +65,8 @@ class FedAvgAggregator:
     (:class:`~fedclock.strategies.server.ServerOptimizer`). An empty commit leaves the
     model unchanged.
     """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # (its server step is a part)
 
     def __init__(self, *, weights: str = "samples", server: ServerOptimizer | None = None) -> None:
         self.weights = weights

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -73,6 +73,8 @@ class UpdateTimes:
       elapsed since it was sent its model (a lower bound, the server's only
       knowledge), or the mean of the observed clients if that is longer.
     """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ("_profile", "_sum", "_count", "_started")
 
     def __init__(self, source: str, planner: Planner) -> None:
         if source not in TAU_SOURCES:
@@ -122,6 +124,10 @@ class WeightRule:
 
     ``importance`` is p over the whole population (Σ p = 1).
     """
+
+    checkpoint_fields: ClassVar[
+        tuple[str, ...]
+    ] = ()  # (its τ estimates are a part; _constant is a cache)
 
     def __init__(
         self,
@@ -175,6 +181,8 @@ class WeightRule:
 class ConstantWeight:
     """d_i = c for every contribution (FedAsync's α before the staleness factor)."""
 
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
+
     def __init__(self, value: float) -> None:
         self.value = value
 
@@ -189,6 +197,8 @@ class StepAggregator:
     follow the same rule with the buffer deltas (b_i − b_base); others keep the
     server's values. An empty commit leaves the model unchanged.
     """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -269,6 +279,8 @@ class _AllClients:
     the run's ``client-selection`` stream.
     """
 
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ("concurrency", "_idle", "_draws", "_rng")
+
     def __init__(self, times: UpdateTimes, *, concurrency: int | None = None) -> None:
         if concurrency is not None and concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -343,6 +355,8 @@ class ArrivalBuffer(_AllClients):
     the buffer).
     """
 
+    checkpoint_fields: ClassVar[tuple[str, ...]] = (*_AllClients.checkpoint_fields, "_buffer")
+
     def __init__(
         self, times: UpdateTimes, *, buffer_size: int = 1, concurrency: int | None = None
     ) -> None:
@@ -385,6 +399,12 @@ class FixedPeriod(_AllClients):
     the synchronous barrier). An update arriving exactly at a tick is in that
     tick. A tick with no update makes no server step.
     """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = (
+        *_AllClients.checkpoint_fields,
+        "_waiting",
+        "ticks",
+    )
 
     def __init__(
         self, times: UpdateTimes, *, delta_t: float, concurrency: int | None = None

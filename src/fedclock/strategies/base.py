@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from fedclock.devices.cost import TaskCost
 from fedclock.devices.population import Population
 from fedclock.models.shapes import FULL
+from fedclock.sim.checkpoint import register_value_type
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, TaskPlan
 from fedclock.train.local import Needs
@@ -49,6 +50,7 @@ class RoundWork(Planner, Protocol):
     def assign(self, ctx: Context, r: int, clients: np.ndarray) -> list[Work]: ...
 
 
+@register_value_type  # (a round's draw is checkpointed with the planner that holds it)
 @dataclass(frozen=True)
 class Draw:
     """One round's straggler draw over all U users: depth d_u (1 = full, L+1 = nothing)
@@ -79,6 +81,8 @@ class Aggregator(Protocol):
 @dataclass
 class Strategy:
     """A named triple; the simulator talks to it, it delegates to its parts."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # the state is in its parts
 
     name: str
     planner: Planner

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -134,6 +134,8 @@ class FragmentPlanner:
     random draw comes from the stream ``("fragment", client, i)``, i the client's i-th task.
     """
 
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ("_asked", "updates")  # (_work is a cache)
+
     def __init__(
         self,
         *,
@@ -193,6 +195,8 @@ class CountingFedAvg(FedAvgAggregator):
     updates (each zero outside its fragment; the authors' rule, without their double
     counting of the first update), and q(j) += 1 per update of fragment j."""
 
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ("updates",)
+
     def __init__(self, *, updates: list[int] | None, **kw: Any) -> None:
         super().__init__(**kw)
         self.updates = updates  # None: counted at assignment (reference mode)
@@ -212,6 +216,8 @@ class ShareDiscountAggregator:
     a = (n_i / n_total)·s, s = 1/(1 + duration/100), duration = the update's virtual time
     from dispatch to arrival (not a staleness in versions); Δ is zero outside the fragment
     on the split tensors and dense on the shared ones."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *, total_samples: int, server: ServerOptimizer) -> None:
         self.total, self.server = total_samples, server
@@ -234,6 +240,8 @@ class FragmentMixAggregator:
     """Algorithm 1's updater: on each arrival θ^j ← (1 − α_t)·θ^j + α_t·θ^j_new on the
     elements the fragment covers, α_t = α·s(staleness) (s = 1 by default), taken as the
     server step on the update α_t·(θ^j_new − θ^j) (plain: θ plus it); q(j) += 1."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ("updates",)
 
     def __init__(
         self, *, alpha: float, staleness: Staleness, server: ServerOptimizer, updates: list[int]

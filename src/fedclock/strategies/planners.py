@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import ClassVar
 
 import numpy as np
 
@@ -39,6 +40,8 @@ def local_sgd_plan(
 
 class LocalSGDPlanner:
     """Every client runs full local SGD (forward + backward through every layer)."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # (_plans is a cache)
 
     def __init__(
         self,
@@ -79,6 +82,8 @@ class StragglerWork:
     """A round's work for every user from a :class:`~fedclock.strategies.base.DepthSource`
     draw (SALF's straggler scenarios): subclasses say what a user of depth d, straggler or
     not, is asked for. Every task's cost is its work shape's (``WorkShape.cost``)."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self, *, depths: DepthSource | None, full_plans: Sequence[TaskPlan], layout: Layout
@@ -148,6 +153,8 @@ class StaleCycleWork(StragglerWork):
     a full update computed on it 2l rounds later (participation every 2l rounds); others
     deliver every round."""
 
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ("_cycles",)
+
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self._cycles: dict[int, tuple[ModelVersion, int]] = {}  # client → (stale base, due)
@@ -171,6 +178,8 @@ class PerTask:
     draw (one draw per version, shared by every task started on it). A client with nothing
     to send in its draw (SALF's depth L+1, a dropped straggler) cannot be given an
     asynchronous task; a stale base (AsyncFL's cycle) has no meaning without rounds."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ("_round", "_draw")
 
     def __init__(self, work: StragglerWork) -> None:
         self.work = work

@@ -19,7 +19,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -188,6 +188,8 @@ class SalfAggregator:
     vanilla and AsyncFL are the p = 0 case — a plain mean over the users holding the
     unit). ``reference``: w + (1/U) Σ Δ_u over every tensor (the authors' FedAvg)."""
 
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
+
     def __init__(
         self, *, mode: str, units: Units, num_users: int, p_values: Sequence[float]
     ) -> None:
@@ -246,6 +248,8 @@ class CoverageAggregator:
     """HeteroFL: each element averaged over the contributions covering it
     (``Contribution.coverage``, from the work shape's program)."""
 
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
+
     def aggregate(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
     ) -> ModelVersion:
@@ -275,6 +279,8 @@ class RatioDepths:
     method). A member that draws depth 1 is still a straggler: drop-stragglers, HeteroFL and
     AsyncFL drop, shrink or delay every member, so the effective ratio is the nominal one.
     """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ("_fixed",)
 
     def __init__(self, *, num_users: int, num_units: int, ratio: float, reference: bool) -> None:
         self.num_users, self.num_units = num_users, num_units
@@ -311,6 +317,8 @@ class DeadlineDepths:
     forward, backward of units d..L, upload of units d..L) fits in ``t_max`` at this
     round's slowdown — timed exactly as the dispatched task will be (L+1 if not even the
     last unit fits). The stragglers are the users with depth > 1."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *, t_max: float, full_plans: Sequence[TaskPlan], layout: Layout) -> None:
         self.t_max, self.full_plans, self.layout = t_max, full_plans, layout

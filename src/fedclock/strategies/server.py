@@ -16,6 +16,7 @@ immutable: the step runs on the server's own tensors and the new version gets co
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -45,6 +46,31 @@ class ServerOptimizer:
         self._names: list[str] = []
         self._opt: torch.optim.Optimizer | None = None
 
+    def _build(self, names: list[str], params: list[torch.Tensor]) -> None:
+        self._names = names
+        self._params = [p.detach().clone() for p in params]
+        if self.kind == "sgd":
+            self._opt = torch.optim.SGD(self._params, lr=self.lr, momentum=self.momentum)
+        else:
+            self._opt = torch.optim.Adam(
+                self._params, lr=self.lr, betas=(self.momentum, self.beta2), eps=self.eps
+            )
+
+    # the optimizer's state for checkpoints (fedclock.sim.checkpoint)
+    def checkpoint_state(self) -> dict[str, Any]:
+        if self._opt is None:
+            return {"names": None}
+        assert self._params is not None
+        return {"names": self._names, "params": self._params, "opt": self._opt.state_dict()}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        if state["names"] is None:
+            self._opt, self._params, self._names = None, None, []
+            return
+        self._build(list(state["names"]), list(state["params"]))
+        assert self._opt is not None
+        self._opt.load_state_dict(state["opt"])
+
     @property
     def stateless(self) -> bool:
         """Plain SGD: θ + η_g Δ needs no optimizer state."""
@@ -63,15 +89,8 @@ class ServerOptimizer:
             # the same numbers, without copying θ into the optimizer and back
             return dict(zip(names, torch._foreach_add(old, upd, alpha=self.lr), strict=True))
         if self._opt is None:
-            self._names = names
-            self._params = [p.detach().clone() for p in old]
-            if self.kind == "sgd":
-                self._opt = torch.optim.SGD(self._params, lr=self.lr, momentum=self.momentum)
-            else:
-                self._opt = torch.optim.Adam(
-                    self._params, lr=self.lr, betas=(self.momentum, self.beta2), eps=self.eps
-                )
-        assert self._params is not None
+            self._build(names, old)
+        assert self._params is not None and self._opt is not None
         if names != self._names:
             raise ValueError("the server optimizer's parameters changed between aggregations")
         with torch.no_grad():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -49,6 +49,14 @@ class SyncRounds:
     training compute and cancelled then: spent and wasted). A round in which nobody has
     anything to send and no deadline runs is aggregated at once (an empty commit).
     """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = (
+        "round",
+        "_outstanding",
+        "_arrived",
+        "_cut",
+        "_hold",
+    )
 
     def __init__(
         self,

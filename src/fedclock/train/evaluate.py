@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -93,6 +94,14 @@ class BestValidation:
     (for a validation schedule denser than the test curve's) and the test set only when
     validation improves, so the model chosen is the same as if both ran every time.
     """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = (
+        "best_val",
+        "best_val_test_accuracy",
+        "last_val_accuracy",
+        "validations",
+        "_validated",
+    )
 
     def __init__(self, test: object, val: object) -> None:
         self.test = test

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -226,6 +227,8 @@ class SerialExecutor:
     reference mode); ``persistent_momentum``: each client's momentum buffers persist across
     its tasks in ``momentum_store`` (the authors' one optimizer per user).
     """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ("momentum_store",)
 
     def __init__(
         self,

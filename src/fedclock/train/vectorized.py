@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -208,6 +208,11 @@ class VectorizedExecutor:
     Same interface and same results (to float tolerance) as
     :class:`~fedclock.train.executor.SerialExecutor`.
     """
+
+    checkpoint_fields: ClassVar[
+        tuple[str, ...]
+    ] = ()  # (the momentum store is its serial fallback's)
+    checkpoint_skip: ClassVar[tuple[str, ...]] = ("_serial",)  # built lazily, stateless
 
     def __init__(
         self,

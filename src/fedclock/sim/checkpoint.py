@@ -1,0 +1,388 @@
+"""Checkpoints: a run's whole state as plain data, written atomically, loaded without pickle code.
+
+What a run holds between two events — the simulator (clock, event heap, tasks in flight and
+their base model versions, results computed ahead, counters, the evaluations so far), the
+strategy's parts (rounds, buffers, update counts, random streams, server optimizer state),
+the executor's per-client momentum and the evaluator's best-validation record — is turned
+into dicts, lists, tuples, numbers, strings and tensors only, so the file loads with
+``torch.load(weights_only=True)``: nothing in it can run code.
+
+Which attributes are state is declared, not guessed: a class whose instances hold run state
+lists them in ``checkpoint_fields`` (or defines ``checkpoint_state`` / ``restore_state``), and
+its attributes that are themselves such components are walked into (``checkpoint_skip``
+names lazily built ones to leave out). Everything else is rebuilt from the config on resume,
+exactly as it was built at the start. Shared objects stay shared: every model version, task
+and contribution is stored once and referred to by index, and dicts and lists are restored
+in place (Fed-RAA's update counts are one list held by its planner and its aggregator).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import json
+import math
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedclock.devices.cost import TaskCost, TaskTiming
+from fedclock.errors import CheckpointError
+from fedclock.models.shapes import FULL, Fragment, Full, Suffix, Width
+from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
+
+FORMAT = 1
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+# value types stored field by field (frozen dataclasses and named tuples of plain data)
+_VALUE_TYPES: dict[str, type] = {}
+
+
+def register_value_type(cls: type) -> type:
+    """Admit ``cls`` (a dataclass or named tuple of storable values) into checkpoints."""
+    _VALUE_TYPES[cls.__name__] = cls
+    return cls
+
+
+for _cls in (TaskPlan, TaskCost, TaskTiming, Full, Suffix, Width, Fragment):
+    register_value_type(_cls)
+
+
+def is_component(obj: object) -> bool:
+    t = type(obj)
+    return hasattr(t, "checkpoint_fields") or hasattr(t, "checkpoint_state")
+
+
+def components(root: object) -> Iterator[tuple[str, object]]:
+    """``(path, component)`` for ``root`` and every component reachable from it through
+    attributes, depth first in attribute order, each shared component once."""
+    seen: set[int] = set()
+
+    def walk(obj: object, path: str) -> Iterator[tuple[str, object]]:
+        seen.add(id(obj))
+        yield path, obj
+        skip = getattr(type(obj), "checkpoint_skip", ())
+        for name, value in vars(obj).items():
+            if name in skip or id(value) in seen or not is_component(value):
+                continue
+            yield from walk(value, f"{path}.{name}")
+
+    yield from walk(root, "")
+
+
+class _Encoder:
+    """Objects → plain data; model versions, tasks and contributions go to shared tables."""
+
+    def __init__(self) -> None:
+        self.versions: list[dict[str, Any]] = []
+        self.tasks: list[dict[str, Any]] = []
+        self.contributions: list[dict[str, Any]] = []
+        self._index: dict[int, int] = {}  # id(object) → its table row
+        self._keep: list[object] = []  # keeps encoded objects alive while ids are in use
+
+    def _ref(self, obj: object, table: list[dict[str, Any]], make: Any) -> int:
+        i = self._index.get(id(obj))
+        if i is None:
+            i = self._index[id(obj)] = len(table)
+            self._keep.append(obj)
+            table.append({})  # reserved first: the row's own encoding may refer to others
+            table[i] = make(obj)
+        return i
+
+    def __call__(self, v: Any) -> Any:
+        if isinstance(v, np.generic):  # (np.float64 is a float: tested first)
+            return {"$": "np", "dtype": str(v.dtype), "v": v.item()}
+        if v is None or isinstance(v, bool | int | float | str | torch.Tensor):
+            return v
+        if isinstance(v, list):
+            return [self(x) for x in v]
+        if isinstance(v, dict):
+            if "$" in v:
+                raise CheckpointError("a dict with the key '$' cannot be checkpointed.")
+            return {self(k): self(x) for k, x in v.items()}
+        if isinstance(v, ModelVersion):
+            return {"$": "version", "i": self._ref(v, self.versions, self._version)}
+        if isinstance(v, Task):
+            return {"$": "task", "i": self._ref(v, self.tasks, self._task)}
+        if isinstance(v, Contribution):
+            return {"$": "contribution", "i": self._ref(v, self.contributions, self._contrib)}
+        if isinstance(v, np.ndarray):
+            if v.dtype == object:
+                raise CheckpointError("an object array cannot be checkpointed.")
+            return {"$": "ndarray", "v": torch.from_numpy(np.array(v, copy=True))}
+        if isinstance(v, np.random.Generator):
+            bit = v.bit_generator
+            return {"$": "rng", "bit": type(bit).__name__, "state": json.dumps(bit.state)}
+        if isinstance(v, enum.Enum):
+            return v.value
+        name = type(v).__name__
+        if _VALUE_TYPES.get(name) is type(v):
+            if dataclasses.is_dataclass(v):
+                values = {f.name: self(getattr(v, f.name)) for f in dataclasses.fields(v)}
+            else:  # a named tuple
+                values = {f: self(getattr(v, f)) for f in v._fields}  # type: ignore[attr-defined]
+            return {"$": "value", "type": name, "f": values}
+        if isinstance(v, tuple):
+            return tuple(self(x) for x in v)
+        if isinstance(v, set | frozenset):
+            return {"$": type(v).__name__, "v": [self(x) for x in sorted(v)]}
+        raise CheckpointError(f"a {type(v).__qualname__} cannot be checkpointed.")
+
+    def _version(self, m: ModelVersion) -> dict[str, Any]:
+        return {"version": m.version, "params": dict(m.params), "buffers": dict(m.buffers)}
+
+    def _task(self, t: Task) -> dict[str, Any]:
+        return {
+            "task_id": t.task_id, "client": t.client, "k": t.k, "base": self(t.base),
+            "plan": self(t.plan), "cost": self(t.cost), "timing": self(t.timing),
+            "t_start": t.t_start, "execute": t.execute, "cancelled": t.cancelled,
+            "repeat": t.repeat,
+        }  # fmt: skip
+
+    def _contrib(self, c: Contribution) -> dict[str, Any]:
+        return {
+            "task": self(c.task), "delta": dict(c.delta), "buffers": dict(c.buffers),
+            "num_samples": c.num_samples, "train_loss": c.train_loss, "weight": c.weight,
+            "coverage": None if c.coverage is None else self(dict(c.coverage)),
+        }  # fmt: skip
+
+
+class _Decoder:
+    def __init__(self, tables: dict[str, list[dict[str, Any]]]) -> None:
+        self._tables = tables
+        self._made: dict[tuple[str, int], Any] = {}
+
+    def _row(self, kind: str, i: int) -> Any:
+        key = (kind, i)
+        if key not in self._made:
+            row = self._tables[kind][i]
+            if kind == "versions":
+                self._made[key] = ModelVersion(row["version"], row["params"], row["buffers"])
+            elif kind == "tasks":
+                t = Task(
+                    row["task_id"], row["client"], row["k"], self(row["base"]), self(row["plan"]),
+                    self(row["cost"]), self(row["timing"]), row["t_start"], row["execute"],
+                    row["cancelled"], row["repeat"],
+                )  # fmt: skip
+                self._made[key] = t
+            else:
+                self._made[key] = Contribution(
+                    self(row["task"]), row["delta"], row["buffers"], row["num_samples"],
+                    row["train_loss"], row["weight"], self(row["coverage"]),
+                )  # fmt: skip
+        return self._made[key]
+
+    def __call__(self, v: Any) -> Any:
+        if isinstance(v, list):
+            return [self(x) for x in v]
+        if isinstance(v, tuple):
+            return tuple(self(x) for x in v)
+        if not isinstance(v, dict):
+            return v
+        kind = v.get("$")
+        if kind is None:
+            return {self(k): self(x) for k, x in v.items()}
+        if kind == "version":
+            return self._row("versions", v["i"])
+        if kind == "task":
+            return self._row("tasks", v["i"])
+        if kind == "contribution":
+            return self._row("contributions", v["i"])
+        if kind == "ndarray":
+            return v["v"].numpy().copy()
+        if kind == "np":
+            return np.dtype(v["dtype"]).type(v["v"])
+        if kind == "rng":
+            bit = getattr(np.random, v["bit"])()
+            bit.state = json.loads(v["state"])
+            return np.random.Generator(bit)
+        if kind in ("set", "frozenset"):
+            return (set if kind == "set" else frozenset)(self(x) for x in v["v"])
+        if kind == "value":
+            cls = _VALUE_TYPES.get(v["type"])
+            if cls is None:
+                raise CheckpointError(f"the checkpoint holds an unknown type {v['type']!r}.")
+            if cls is Full:
+                return FULL  # the singleton: strategies test ``shape is FULL``
+            fields = {k: self(x) for k, x in v["f"].items()}
+            return cls(**fields)
+        raise CheckpointError(f"the checkpoint holds an unknown entry {kind!r}.")
+
+
+def _assign(obj: object, name: str, value: Any) -> None:
+    """Set an attribute; a dict or list already there is filled in place (it may be shared)."""
+    current = getattr(obj, name, None)
+    if type(current) is dict and type(value) is dict:
+        current.clear()
+        current.update(value)
+    elif type(current) is list and type(value) is list:
+        current[:] = value
+    else:
+        setattr(obj, name, value)
+
+
+def capture(root: object) -> dict[str, Any]:
+    """The state of ``root`` and every component under it, as plain data."""
+    enc = _Encoder()
+    state: dict[str, Any] = {}
+    for path, comp in components(root):
+        entry: dict[str, Any] = {}
+        custom = getattr(comp, "checkpoint_state", None)
+        if custom is not None:
+            entry["custom"] = enc(custom())
+        for name in getattr(type(comp), "checkpoint_fields", ()):
+            entry[name] = enc(getattr(comp, name))
+        state[path] = {"type": type(comp).__qualname__, "state": entry}
+    return {
+        "components": state,
+        "versions": enc.versions,
+        "tasks": enc.tasks,
+        "contributions": enc.contributions,
+    }
+
+
+def restore(root: object, data: dict[str, Any]) -> None:
+    """Put the state ``capture`` took back into ``root``, a freshly built equal object graph."""
+    dec = _Decoder({k: data[k] for k in ("versions", "tasks", "contributions")})
+    stored: dict[str, Any] = data["components"]
+    found = dict(components(root))
+    if set(found) != set(stored):
+        missing = sorted(set(stored) ^ set(found))
+        raise CheckpointError(
+            f"the checkpoint does not fit this run's parts (differing: {', '.join(missing)})."
+        )
+    for path, comp in found.items():
+        entry = stored[path]
+        if entry["type"] != type(comp).__qualname__:
+            raise CheckpointError(
+                f"the checkpoint holds a {entry['type']} where this run has a "
+                f"{type(comp).__qualname__}."
+            )
+        fields = dict(entry["state"])
+        custom = fields.pop("custom", None)
+        for name, value in fields.items():
+            _assign(comp, name, dec(value))
+        if custom is not None:
+            comp.restore_state(dec(custom))  # type: ignore[attr-defined]
+
+
+def write_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """``torch.save`` to a temporary file in the same folder, fsync, rename over ``path``."""
+    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(payload, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    try:  # the rename itself survives a power cut once the folder is synced
+        dfd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def read(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``; one sentence if it is not one."""
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # a truncated file, a pickle with code, not a torch file
+        raise CheckpointError(
+            f"Could not read the checkpoint {path}: it is damaged or not a fedclock checkpoint "
+            f"({type(exc).__name__})."
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a fedclock checkpoint of format {FORMAT}.")
+    return payload
+
+
+class Checkpointer:
+    """Writes the run's checkpoint between two events: every ``every_aggregations`` server
+    steps, every ``every_seconds`` of wall time, and when Ctrl-C asked the run to stop
+    (:meth:`interrupt`; the run then stops with ``KeyboardInterrupt`` right after writing).
+
+    Called once per event (the simulator's progress hook); ``header`` goes into every file
+    (format, versions, digests), with the number of metrics.csv rows the state covers.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        header: dict[str, Any],
+        *,
+        every_aggregations: int | None,
+        every_seconds: float | None,
+    ) -> None:
+        self.path = path
+        self.header = header
+        self.every_aggregations = every_aggregations
+        self.every_seconds = every_seconds
+        self.interrupted = False
+        self.saves = 0
+        self._next_aggregation: int | None = None
+        self._next_wall = math.inf if every_seconds is None else time.monotonic() + every_seconds
+
+    def interrupt(self) -> None:
+        self.interrupted = True
+
+    def __call__(self, sim: Any) -> None:
+        if sim.stop_reason is not None:  # the run is ending: nothing left to resume
+            return
+        aggregations = sim.counters.aggregations
+        if self.every_aggregations is not None and self._next_aggregation is None:
+            self._next_aggregation = aggregations + self.every_aggregations
+        due = self.interrupted or time.monotonic() >= self._next_wall
+        if self._next_aggregation is not None and aggregations >= self._next_aggregation:
+            due = True
+        if not due:
+            return
+        self.save(sim)
+        if self.interrupted:
+            raise KeyboardInterrupt
+
+    def save(self, sim: Any) -> None:
+        payload = {**self.header, "format": FORMAT, "rows": len(sim.history), "state": capture(sim)}
+        write_atomic(self.path, payload)
+        self.saves += 1
+        if self.every_aggregations is not None:
+            self._next_aggregation = sim.counters.aggregations + self.every_aggregations
+        if self.every_seconds is not None:
+            self._next_wall = time.monotonic() + self.every_seconds
+
+
+@contextlib.contextmanager
+def stop_on_sigint(checkpointer: Checkpointer | None) -> Iterator[None]:
+    """Ctrl-C asks ``checkpointer`` to write a checkpoint and stop at the next event; a
+    second Ctrl-C stops at once. Without a checkpointer (or off the main thread) Ctrl-C
+    keeps its usual effect."""
+    if checkpointer is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, previous)  # a second Ctrl-C: at once
+        checkpointer.interrupt()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

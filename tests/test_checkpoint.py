@@ -1,0 +1,257 @@
+"""Checkpoints and exact resume (fedclock.sim.checkpoint): the codec, safe loading, and for
+every strategy a run killed mid-way and resumed equals the uninterrupted run."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedclock.config import load_config
+from fedclock.devices.cost import TaskCost, TaskTiming
+from fedclock.errors import CheckpointError
+from fedclock.experiment import run_experiment
+from fedclock.models.shapes import FULL, Fragment, Suffix
+from fedclock.sim.checkpoint import (
+    CHECKPOINT_FILE,
+    capture,
+    components,
+    is_component,
+    read,
+    restore,
+    write_atomic,
+)
+from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
+from tests.conftest import load_script, tiny_raw
+
+golden = load_script("golden")
+
+
+class _Crash(BaseException):
+    """Stands in for SIGKILL: nothing after it runs, nothing catches it."""
+
+
+class _Holder:
+    checkpoint_fields = ("a", "b", "shared")
+
+    def __init__(self) -> None:
+        self.a: Any = None
+        self.b: Any = None
+        self.shared: list[int] = []
+
+
+def _task(tid: int, base: ModelVersion, shape: Any = FULL) -> Task:
+    plan = TaskPlan(local_steps=2, batch_size=4, samples=8, shape=shape)
+    return Task(tid, 1, 0, base, plan, TaskCost(1.0, 2, 3), TaskTiming(0.5, 1.0, 0.25), 2.0)
+
+
+def _roundtrip(obj: object, tmp_path: Path) -> dict[str, Any]:
+    write_atomic(tmp_path / "c.pt", {"format": 1, "state": capture(obj)})
+    return read(tmp_path / "c.pt")
+
+
+def test_codec_keeps_shared_objects_shared_and_values_exact(tmp_path: Path) -> None:
+    v = ModelVersion(3, {"w": torch.arange(4.0)}, {})
+    t1, t2 = _task(7, v), _task(8, v, Fragment(1, (0.4, 0.6), "neurons"))
+    c = Contribution(t1, {"w": torch.ones(4)}, {}, 10, 0.5, weight=0.25)
+    src = _Holder()
+    rng = np.random.default_rng(5)
+    rng.random(3)  # a stream part-way through
+    src.a = {
+        "tasks": [t1, t2], "c": c, (1, 2): {3, 1}, "arr": np.arange(3, dtype=np.int64),
+        "u64": np.array([2**63 + 5], dtype=np.uint64), "scalar": np.float64(0.1), "rng": rng,
+        "big": 2**70, "nan": float("nan"), "suffix": Suffix(2),
+    }  # fmt: skip
+    src.b = v
+    payload = _roundtrip(src, tmp_path)
+    dst = _Holder()
+    dst.shared = shared = [9]
+    restore(dst, payload["state"])
+    a = dst.a
+    assert a["tasks"][0] is a["c"].task and a["tasks"][0].base is a["tasks"][1].base is dst.b
+    assert a["tasks"][0].plan.shape is FULL  # the singleton, not an equal copy
+    assert a["tasks"][1].plan.shape == Fragment(1, (0.4, 0.6), "neurons")
+    assert a["tasks"][1].timing == TaskTiming(0.5, 1.0, 0.25) and a["c"].weight == 0.25
+    assert torch.equal(dst.b.params["w"], torch.arange(4.0))
+    assert a[(1, 2)] == {1, 3} and a["big"] == 2**70 and np.isnan(a["nan"])
+    assert a["arr"].dtype == np.int64 and a["u64"][0] == 2**63 + 5
+    assert type(a["scalar"]) is np.float64 and a["scalar"] == 0.1
+    assert a["rng"].random(5).tolist() == rng.random(5).tolist()  # continues the stream
+    assert dst.shared is shared and shared == []  # lists are filled in place
+
+
+def test_codec_refuses_what_it_cannot_store() -> None:
+    src = _Holder()
+    src.a = object()
+    with pytest.raises(CheckpointError, match="cannot be checkpointed"):
+        capture(src)
+
+
+def test_components_are_walked_once_each() -> None:
+    outer, inner = _Holder(), _Holder()
+    outer.a, outer.b = inner, inner  # shared: one path
+    assert [p for p, _ in components(outer)] == ["", ".a"]
+
+
+def test_a_checkpoint_with_pickled_code_is_refused_without_running_it(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self) -> Any:
+            return (Path.touch, (marker,))
+
+    path = tmp_path / CHECKPOINT_FILE
+    buf = io.BytesIO()
+    torch.save({"format": 1, "x": Evil()}, buf)
+    path.write_bytes(buf.getvalue())
+    with pytest.raises(CheckpointError) as err:
+        read(path)
+    assert not marker.exists()
+    assert str(err.value).count(".") >= 1 and "\n" not in str(err.value)
+    path.write_bytes(buf.getvalue()[:100])  # truncated
+    with pytest.raises(CheckpointError, match="damaged"):
+        read(path)
+
+
+# ------------------------------------------------------------------ every strategy, killed and resumed
+
+
+def _case_config(case: str, every: int = 1) -> Any:
+    raw = tiny_raw(executor={"threads": 1})
+    overrides = [f"{k}={v}" for k, v in golden.CASES[case].items()]
+    return load_config(raw=raw, overrides=[*overrides, f"checkpoint.every_aggregations={every}"])
+
+
+def _outputs(run_dir: Path) -> tuple[list[list[str]], dict[str, Any], str]:
+    """metrics.csv without wall_time, summary.json without wall_s, clients.csv."""
+    with (run_dir / "metrics.csv").open(newline="") as fh:
+        rows = list(csv.reader(fh))
+    keep = [i for i, h in enumerate(rows[0]) if h != "wall_time"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary.pop("wall_s")
+    return [[r[i] for i in keep] for r in rows], summary, (run_dir / "clients.csv").read_text()
+
+
+def _crash_at(event: int) -> Any:
+    seen = [0]
+
+    def progress(sim: Any) -> None:
+        seen[0] += 1
+        if seen[0] == event:
+            raise _Crash
+
+    return progress
+
+
+def _count_events(cfg: Any, run_dir: Path) -> int:
+    seen = [0]
+
+    def progress(sim: Any) -> None:
+        seen[0] += 1
+
+    run_experiment(cfg, run_dir=run_dir, progress=progress)
+    return seen[0]
+
+
+@pytest.mark.parametrize("case", list(golden.CASES))
+def test_a_killed_run_resumes_to_the_uninterrupted_result(case: str, tmp_path: Path) -> None:
+    cfg = _case_config(case)
+    events = _count_events(cfg, tmp_path / "whole")
+    want = _outputs(tmp_path / "whole")
+    assert not (tmp_path / "whole" / CHECKPOINT_FILE).exists()  # a finished run keeps none
+    run_dir = tmp_path / "killed"
+    # killed twice, resumed after each (a resumed process counts its events from 1)
+    for at in (events // 2, events // 4):
+        with pytest.raises(_Crash):
+            run_experiment(cfg, run_dir=run_dir, progress=_crash_at(at), resume=True)
+        assert (run_dir / CHECKPOINT_FILE).exists(), f"no checkpoint by event {at} of {events}"
+    run_experiment(cfg, run_dir=run_dir, resume=True)
+    assert _outputs(run_dir) == want
+    assert not (run_dir / CHECKPOINT_FILE).exists()
+    # (the first call found no checkpoint: it started the run)
+    assert len(json.loads((run_dir / "meta.json").read_text())["resumed"]) == 2
+
+
+# which fedclock classes a run holds that are neither state nor value nor built from the config
+_STATIC = {
+    "Population", "Layout", "Units", "Program", "Scale", "ClientData", "Context", "Evaluator",
+    "ClientLossEvaluator", "UpdateGuard", "FaultInjector", "Needs", "LocalTraining", "Staleness",
+    "BuildInfo", "Counters", "Work", "Budget", "Classifier", "CrossEntropy",
+}  # fmt: skip
+
+
+def _fedclock_objects(root: object) -> set[type]:
+    """Types of the fedclock objects reachable from ``root`` through attributes and containers
+    (not into components' own attributes' values that are plain data)."""
+    found: set[type] = set()
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, list | tuple | set | frozenset):
+            stack.extend(obj)
+        elif type(obj).__module__.startswith("fedclock.") and hasattr(obj, "__dict__"):
+            found.add(type(obj))
+            stack.extend(vars(obj).values())
+    return found
+
+
+@pytest.mark.parametrize("case", list(golden.CASES))
+def test_every_part_of_a_run_declares_its_state(case: str, tmp_path: Path) -> None:
+    """A class holding run state must say so (``checkpoint_fields``), or a resume would
+    silently start it afresh: every fedclock object a running simulator reaches is a
+    component, a stored value or a known static part."""
+    got: list[Any] = []
+
+    def progress(sim: Any) -> None:
+        if not got:
+            got.append(sim)
+            raise _Crash
+
+    with pytest.raises(_Crash):
+        run_experiment(_case_config(case), run_dir=tmp_path, progress=progress)
+    types = _fedclock_objects(got[0])
+    undeclared = {
+        t.__name__
+        for t in types
+        if not hasattr(t, "checkpoint_fields")
+        and not hasattr(t, "checkpoint_state")
+        and t.__name__ not in _STATIC
+        and t not in {ModelVersion, Task, Contribution}
+    }
+    assert not undeclared
+    assert all(is_component(c) for _, c in components(got[0]))
+
+
+def test_resume_refuses_a_checkpoint_of_another_config_or_source(tmp_path: Path) -> None:
+    cfg = _case_config("fedbuff")
+    with pytest.raises(_Crash):
+        run_experiment(cfg, run_dir=tmp_path, progress=_crash_at(12))
+    other = load_config(raw=tiny_raw(executor={"threads": 1}), overrides=["seed=9"])
+    with pytest.raises(CheckpointError, match="another config"):
+        run_experiment(other, run_dir=tmp_path, resume=True)
+    payload = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)
+    payload["source_digest"] = "sha256:0"
+    torch.save(payload, tmp_path / CHECKPOINT_FILE)
+    with pytest.raises(CheckpointError, match="other fedclock source"):
+        run_experiment(cfg, run_dir=tmp_path, resume=True)
+
+
+def test_resume_needs_the_rows_its_checkpoint_covers(tmp_path: Path) -> None:
+    cfg = _case_config("fedavg")
+    with pytest.raises(_Crash):
+        run_experiment(cfg, run_dir=tmp_path, progress=_crash_at(20))
+    (tmp_path / "metrics.csv").write_text("virtual_time\n")
+    with pytest.raises(CheckpointError, match="cannot be resumed"):
+        run_experiment(cfg, run_dir=tmp_path, resume=True)
