@@ -122,9 +122,28 @@ def test_a_checkpoint_with_pickled_code_is_refused_without_running_it(tmp_path: 
 # ------------------------------------------------------------------ every strategy, killed and resumed
 
 
+# beyond the golden cases: the parts with state of their own that no golden case uses
+EXTRA_CASES: dict[str, dict[str, Any]] = {
+    "fedadam": {"strategy.server_optimizer": "adam", "strategy.server_lr": 0.01},
+    "fedavgm": {"strategy.server_momentum": 0.9},
+    "best-validation": {"eval.val_holdout": 300, "eval.val_every_aggregations": 1},
+    "client-losses": {"strategy.name": "fedbuff", "strategy.buffer_size": 2, "eval.client_losses": True, "budget.aggregations": 10},
+    "guarded-faults": {
+        "strategy.name": "fedasync", "population.faults.fraction": 0.3,
+        "guard.reject_nonfinite": True, "budget.aggregations": 10,
+    },
+    "serial-executor": {"strategy.name": "fedbuff", "strategy.buffer_size": 2, "executor.kind": "serial", "budget.aggregations": 10},
+    "fedfix-estimated": {
+        "strategy.name": "fedfix", "strategy.delta_t": 0.3, "strategy.tau_source": "estimated",
+        "budget.aggregations": 10,
+    },
+}  # fmt: skip
+CASES = {**golden.CASES, **EXTRA_CASES}
+
+
 def _case_config(case: str, every: int = 1) -> Any:
     raw = tiny_raw(executor={"threads": 1})
-    overrides = [f"{k}={v}" for k, v in golden.CASES[case].items()]
+    overrides = [f"{k}={v}" for k, v in CASES[case].items()]
     return load_config(raw=raw, overrides=[*overrides, f"checkpoint.every_aggregations={every}"])
 
 
@@ -159,7 +178,7 @@ def _count_events(cfg: Any, run_dir: Path) -> int:
     return seen[0]
 
 
-@pytest.mark.parametrize("case", list(golden.CASES))
+@pytest.mark.parametrize("case", list(CASES))
 def test_a_killed_run_resumes_to_the_uninterrupted_result(case: str, tmp_path: Path) -> None:
     cfg = _case_config(case)
     events = _count_events(cfg, tmp_path / "whole")
@@ -207,7 +226,7 @@ def _fedclock_objects(root: object) -> set[type]:
     return found
 
 
-@pytest.mark.parametrize("case", list(golden.CASES))
+@pytest.mark.parametrize("case", list(CASES))
 def test_every_part_of_a_run_declares_its_state(case: str, tmp_path: Path) -> None:
     """A class holding run state must say so (``checkpoint_fields``), or a resume would
     silently start it afresh: every fedclock object a running simulator reaches is a
@@ -255,3 +274,78 @@ def test_resume_needs_the_rows_its_checkpoint_covers(tmp_path: Path) -> None:
     (tmp_path / "metrics.csv").write_text("virtual_time\n")
     with pytest.raises(CheckpointError, match="cannot be resumed"):
         run_experiment(cfg, run_dir=tmp_path, resume=True)
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def _table(out: Path) -> list[dict[str, str]]:
+    with (out / "table.csv").open(newline="") as fh:
+        return [{k: v for k, v in r.items() if "wall" not in k} for r in csv.DictReader(fh)]
+
+
+def test_compare_goes_on_from_the_checkpoint_of_an_interrupted_cell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    import fedclock.runs.cache as cache
+    from fedclock.cli import app
+
+    raw = tiny_raw(executor={"threads": 1}, budget={"aggregations": 8})
+    raw["checkpoint"] = {"every_aggregations": 1}
+    raw["strategy"] = {"name": "fedavg", "buffer_size": 2}
+    (tmp_path / "exp.yaml").write_text(json.dumps(raw))
+    args = ["compare", str(tmp_path / "exp.yaml"), "--strategies", "fedavg,fedbuff"]
+    runner = CliRunner()
+    res = runner.invoke(app, [*args, "--out", str(tmp_path / "whole"), "-q"])
+    assert res.exit_code == 0, res.output
+
+    real = cache.run_experiment
+
+    def killed_in_fedbuff(cfg: Any, **kw: Any) -> Any:
+        if cfg.strategy.name == "fedbuff":
+            kw["progress"] = _crash_at(15)
+        return real(cfg, **kw)
+
+    monkeypatch.setattr(cache, "run_experiment", killed_in_fedbuff)
+    with pytest.raises(_Crash):
+        runner.invoke(app, [*args, "--out", str(tmp_path / "killed"), "-q"])
+    cell = tmp_path / "killed" / "runs" / "fedbuff" / "seed-3"
+    assert (cell / CHECKPOINT_FILE).exists()
+    monkeypatch.setattr(cache, "run_experiment", real)
+    res = runner.invoke(app, [*args, "--out", str(tmp_path / "killed")])
+    assert res.exit_code == 0, res.output
+    assert "fedbuff seed 3: it was interrupted: going on from its checkpoint" in res.output
+    assert "reused finished run fedavg seed 3" in res.output
+    assert "resumed" in json.loads((cell / "meta.json").read_text())
+    assert _table(tmp_path / "killed") == _table(tmp_path / "whole")
+
+
+def test_run_resume_from_the_command_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from fedclock.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["run", "--resume", str(out), "--preset", "demo"])
+    assert res.exit_code == 2 and "give no CONFIG, --preset" in res.stderr
+    res = runner.invoke(app, ["run", "--resume", str(out)])
+    assert res.exit_code == 2 and "no fedclock run there" in res.stderr
+    with pytest.raises(_Crash):
+        run_experiment(_case_config("fedasync"), run_dir=out, progress=_crash_at(6))
+    res = runner.invoke(app, ["run", "--resume", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+    res = runner.invoke(app, ["run", "--resume", str(out)])
+    assert res.exit_code == 0 and "holds a finished run (completed): nothing to resume" in " ".join(
+        res.output.split()
+    )
+
+
+def test_crash_script_two_trials(tmp_path: Path) -> None:
+    """scripts/crash_resume.py as docs/reliability.md runs it with 20 trials: one SIGKILL (and
+    maybe a second one during the resume) and one SIGINT trial, both identical."""
+    crash = load_script("crash_resume")
+    assert crash.main(["--trials", "2", "--strategies", "fedbuff", "--sigint-every", "2"]) == 0
