@@ -25,6 +25,7 @@ BENCHMARKS = {
     "engine-events": "benchmarks.engine_events",
     "scale-memory": "benchmarks.scale_memory",
     "partial-backprop": "benchmarks.partial_backprop",
+    "checkpoint-cost": "benchmarks.checkpoint_cost",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 
