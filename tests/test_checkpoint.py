@@ -349,3 +349,31 @@ def test_crash_script_two_trials(tmp_path: Path) -> None:
     maybe a second one during the resume) and one SIGINT trial, both identical."""
     crash = load_script("crash_resume")
     assert crash.main(["--trials", "2", "--strategies", "fedbuff", "--sigint-every", "2"]) == 0
+
+
+def test_a_full_disk_while_checkpointing_is_one_sentence_and_keeps_the_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from typer.testing import CliRunner
+
+    import fedclock.sim.checkpoint as ck
+    from fedclock.cli import app
+
+    def full(obj: Any, fh: Any) -> None:
+        fh.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ck.torch, "save", full)
+    raw = tiny_raw(checkpoint={"every_aggregations": 2})
+    (tmp_path / "exp.yaml").write_text(json.dumps(raw))
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", str(tmp_path / "exp.yaml"), "--out", str(out)])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    want = (
+        f"error: Could not write the checkpoint {out / CHECKPOINT_FILE}: no space left on device."
+    )
+    assert [line for line in res.stderr.splitlines() if line.strip()] == [want]
+    assert len((out / "metrics.csv").read_text().splitlines()) == 1 + 3  # t = 0 and 2 steps
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "meta.json", "metrics.csv"]

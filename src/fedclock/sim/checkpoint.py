@@ -278,13 +278,19 @@ def restore(root: object, data: dict[str, Any]) -> None:
 
 def write_atomic(path: Path, payload: dict[str, Any]) -> None:
     """``torch.save`` to a temporary file in the same folder, fsync, rename over ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise CheckpointError(f"Could not write the checkpoint {path}: {_reason(exc)}.") from None
     try:
         with os.fdopen(fd, "wb") as fh:
             torch.save(payload, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:  # (torch's writer reports a failed write so)
+        Path(tmp).unlink(missing_ok=True)
+        raise CheckpointError(f"Could not write the checkpoint {path}: {_reason(exc)}.") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -298,6 +304,11 @@ def write_atomic(path: Path, payload: dict[str, Any]) -> None:
         pass
     finally:
         os.close(dfd)
+
+
+def _reason(exc: BaseException) -> str:
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else "the write failed"
+    return text[0].lower() + text[1:]
 
 
 def read(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
