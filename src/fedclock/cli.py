@@ -40,6 +40,21 @@ DataDirOpt = Annotated[
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")
 ]
+BackendOpt = Annotated[
+    str,
+    typer.Option(
+        "--backend",
+        help="Where the cells run: 'local' (this machine; --jobs N processes at once) or "
+        "'ray' (a Ray cluster: --address, or a local Ray with --jobs CPUs).",
+    ),
+]
+JobsOpt = Annotated[
+    int | None,
+    typer.Option("--jobs", "-j", help="Cells at once (default 1 locally, all CPUs on Ray)."),
+]
+AddressOpt = Annotated[
+    str | None, typer.Option("--address", help="The Ray cluster to use, e.g. ray://head:10001.")
+]
 QuietOpt = Annotated[
     bool,
     typer.Option(
@@ -377,6 +392,37 @@ def _grid_notes(progress: Progress, cfg: Any, out_dir: Path) -> dict[str, Any]:
     }
 
 
+def _runner(progress: Progress, backend: str, jobs: int | None, address: str | None) -> Any:
+    """The parallel cell runner of --backend / --jobs (None: cells one after another, each
+    with its own progress bar), reporting cells running, done and failed on one bar."""
+    from fedclock.runs.parallel import CellRunner
+
+    if backend == "local" and jobs in (None, 1) and address is None:
+        CellRunner(backend, jobs, address=address)  # (checks the values)
+        return None
+    counts = {"start": 0, "done": 0, "failed": 0, "retry": 0}
+    where = f"{backend}, {jobs or 'all'} at a time" if backend == "local" else backend
+    task = progress.add_task(f"cells ({where})", total=None, status="")
+
+    def on_event(kind: str, label: str, detail: Any) -> None:
+        if kind == "plan":
+            progress.update(task, total=detail)
+            return
+        counts[kind] += 1
+        if kind == "retry":
+            progress.console.print(f"retrying {label}: {detail}")
+        elif kind == "failed":
+            progress.console.print(f"[red]failed[/] {label}: {detail}")
+        finished = counts["done"] + counts["failed"]
+        running = counts["start"] - finished - counts["retry"]
+        progress.update(
+            task, completed=counts["done"],
+            status=f"running {running} · done {counts['done']} · failed {counts['failed']}",
+        )  # fmt: skip
+
+    return CellRunner(backend, jobs, address=address, on_event=on_event)
+
+
 def _finish_grid(
     console: Console,
     table: Table,
@@ -439,6 +485,9 @@ def compare(
             "(default: compare.lr_tune_on, else each strategy its own best).",
         ),
     ] = None,
+    backend: BackendOpt = "local",
+    jobs: JobsOpt = None,
+    address: AddressOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -462,6 +511,7 @@ def compare(
             rows, error = run_compare(
                 cfg, names, seed_list, out_dir, lr_grid=rates,
                 lr_tune_on=(lr_tune_on or cfg.compare.lr_tune_on) if rates else None,
+                runner=_runner(progress, backend, jobs, address),
                 **_grid_notes(progress, cfg, out_dir),
             )  # fmt: skip
     budget = f", budget {cfg.budget.virtual_time:g} virtual s" if cfg.budget.virtual_time else ""
@@ -526,6 +576,9 @@ def sweep(
     ] = None,
     set_: SetOpt = None,
     data_dir: DataDirOpt = None,
+    backend: BackendOpt = "local",
+    jobs: JobsOpt = None,
+    address: AddressOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -551,7 +604,14 @@ def sweep(
         out_dir = _out_dir(out, cfg, "sweep")
         with _progress(console, quiet) as progress:
             rows, error = run_sweep(
-                cfg, path, values, names, seed_list, out_dir, **_grid_notes(progress, cfg, out_dir)
+                cfg,
+                path,
+                values,
+                names,
+                seed_list,
+                out_dir,
+                runner=_runner(progress, backend, jobs, address),
+                **_grid_notes(progress, cfg, out_dir),
             )
     metric = headline_metric(rows)
     table = Table(title=f"{cfg.name}: {metric} over {path} ({len(seed_list)} seed(s))")

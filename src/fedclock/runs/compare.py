@@ -28,6 +28,7 @@ from fedclock.metrics.plots import LOSS_PANELS, plot_groups, plot_loss_panels, r
 from fedclock.runs.cache import reusable, run_cell, stale_reason
 from fedclock.runs.grid import _cells, cell_config, parse_strategy, remember_entries
 from fedclock.runs.lr import selection_loss, write_lr_grid
+from fedclock.runs.parallel import Cell, CellFailure, CellRunner
 from fedclock.runs.tables import aggregate_rows, write_table
 
 
@@ -43,6 +44,7 @@ def run_compare(
     on_result: Callable[[str, int, RunResult | None], None] = lambda s, seed, r: None,
     on_merged: Callable[[str], None] = lambda entry: None,
     on_rerun: Callable[[str, int, str], None] = lambda s, seed, why: None,
+    runner: CellRunner | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Run the grid; return (table rows, error sentence of a cell that stopped early).
 
@@ -64,10 +66,25 @@ def run_compare(
         cell_config(cfg, entry, seeds[0])
     remember_entries(out, strategies)  # now: if this command stops, its finished cells still merge
     lrs: list[float | None] = list(lr_grid) or [None]
+    accept = ("completed", "diverged") if lr_grid else ("completed",)
+    ran_cells: dict[Path, RunResult | CellFailure] = {}
+    if runner is not None:  # every cell to run, in parallel, before the tables
+        todo = []
+        for entry in strategies:
+            for lr in lrs:
+                label = entry if lr is None else f"{entry} lr {lr:g}"
+                for seed, (run_dir, ccfg) in zip(
+                    seeds, _cells(cfg, out, entry, lr, seeds), strict=True
+                ):
+                    if reusable(run_dir, ccfg, accept) is None:
+                        reason = stale_reason(run_dir, ccfg, accept)
+                        if reason is not None:
+                            on_rerun(label, seed, reason)
+                        todo.append(Cell(f"{label} seed {seed}", ccfg, run_dir))
+        ran_cells = runner.run(todo)
     summaries: dict[tuple[str, float | None], list[dict[str, Any]]] = {}
     curves: dict[tuple[str, float | None], list[dict[str, np.ndarray]]] = {}
-    accept = ("completed", "diverged") if lr_grid else ("completed",)
-    error = None
+    error = failed = None
     for entry in strategies:
         for lr in lrs:
             cell = (entry, lr)
@@ -76,12 +93,18 @@ def run_compare(
                 seeds, _cells(cfg, out, entry, lr, seeds), strict=True
             ):
                 label = entry if lr is None else f"{entry} lr {lr:g}"
-                summary = reusable(run_dir, ccfg, accept)
+                ran = ran_cells.get(run_dir)
+                if isinstance(ran, CellFailure):  # reported; the other cells go on
+                    failed = failed or ran.error
+                    continue
+                summary = None if ran is not None else reusable(run_dir, ccfg, accept)
                 if summary is None:
-                    reason = stale_reason(run_dir, ccfg, accept)
-                    if reason is not None:
-                        on_rerun(label, seed, reason)
-                    result = run_cell(ccfg, run_dir, progress_factory(f"{label} seed {seed}"))
+                    if ran is None:
+                        reason = stale_reason(run_dir, ccfg, accept)
+                        if reason is not None:
+                            on_rerun(label, seed, reason)
+                        ran = run_cell(ccfg, run_dir, progress_factory(f"{label} seed {seed}"))
+                    result = ran
                     on_result(label, seed, result)
                     summary = result.summary
                     if summary["status"] != "completed" and not lr_grid:
@@ -169,4 +192,4 @@ def run_compare(
         )
     if runs and all(LOSS_PANELS[0][0] in r for r in runs):
         plot_loss_panels(groups, out / "losses.png", title=f"{cfg.name} (seeds {seeds_text})")
-    return rows, error
+    return rows, error or failed

@@ -28,6 +28,7 @@ from fedclock.runs.grid import (
     remember_entries,
     with_value,
 )
+from fedclock.runs.parallel import Cell, CellFailure, CellRunner
 from fedclock.runs.tables import aggregate_rows, write_pivot, write_table
 
 
@@ -43,6 +44,7 @@ def run_sweep(
     on_result: Callable[[str, int, RunResult | None], None] = lambda s, seed, r: None,
     on_merged: Callable[[str], None] = lambda entry: None,
     on_rerun: Callable[[str, int, str], None] = lambda s, seed, why: None,
+    runner: CellRunner | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Run the grid; return (table rows, error sentence of a cell that did not complete).
 
@@ -63,8 +65,22 @@ def run_sweep(
         run_dir = out / "runs" / entry_dir(entry) / f"{path}={at}" / f"seed-{seed}"
         return run_dir, cell_config(cells[at], entry, seed), at
 
+    ran_cells: dict[Path, RunResult | CellFailure] = {}
+    if runner is not None:  # every cell to run, in parallel, before the table
+        todo: dict[Path, Cell] = {}
+        for entry in strategies:
+            for v in values:
+                for seed in seeds:
+                    run_dir, ccfg, at = locate(entry, v, seed)
+                    if run_dir in todo or reusable(run_dir, ccfg) is not None:
+                        continue
+                    reason = stale_reason(run_dir, ccfg)
+                    if reason is not None:
+                        on_rerun(f"{entry} {path}={at}", seed, reason)
+                    todo[run_dir] = Cell(f"{entry} {path}={at} seed {seed}", ccfg, run_dir)
+        ran_cells = runner.run(list(todo.values()))
     rows: list[dict[str, Any]] = []
-    error = None
+    error = failed = None
     for entry in strategies:
         name, _ = parse_strategy(entry)
         for v in values:
@@ -75,12 +91,18 @@ def run_sweep(
                 cell = f"{entry} {path}={v}"
                 if at != v:
                     cell += f" (the {path}={at} run: {name} does not read {path})"
-                summary = reusable(run_dir, ccfg)
+                ran = ran_cells.get(run_dir)
+                if isinstance(ran, CellFailure):  # reported; the other cells go on
+                    failed = failed or ran.error
+                    continue
+                summary = None if ran is not None else reusable(run_dir, ccfg)
                 if summary is None:
-                    reason = stale_reason(run_dir, ccfg)
-                    if reason is not None:
-                        on_rerun(cell, seed, reason)
-                    result = run_cell(ccfg, run_dir, progress_factory(label))
+                    if ran is None:
+                        reason = stale_reason(run_dir, ccfg)
+                        if reason is not None:
+                            on_rerun(cell, seed, reason)
+                        ran = run_cell(ccfg, run_dir, progress_factory(label))
+                    result = ran
                     on_result(cell, seed, result)
                     summary = result.summary
                     if summary["status"] != "completed":
@@ -105,4 +127,4 @@ def run_sweep(
     if rows:
         write_table(rows, out, id_cols=["strategy", path])
         write_pivot(rows, out, path, list(values))
-    return rows, error
+    return rows, error or failed
