@@ -26,6 +26,7 @@ BENCHMARKS = {
     "scale-memory": "benchmarks.scale_memory",
     "partial-backprop": "benchmarks.partial_backprop",
     "checkpoint-cost": "benchmarks.checkpoint_cost",
+    "sweep-parallel": "benchmarks.sweep_parallel",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -1,0 +1,82 @@
+"""A sweep's cells in parallel: the SALF MLP Table II sweep (1 seed) run by `fedclock sweep`
+with ``--jobs 1`` (cells one after another), ``--jobs 2`` (two local processes) and
+``--backend ray --jobs 2`` (a local Ray with 2 CPUs), each a fresh command in a fresh folder,
+timed from start to exit; the three ``table.csv`` must be identical (wall-time columns aside).
+
+Needs MNIST (``$FEDCLOCK_DATA`` or ``../shared/data/mnist``); ``--quick`` runs 20 rounds
+instead of 250.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = {
+    "jobs 1": ["--jobs", "1"],
+    "jobs 2 (local processes)": ["--jobs", "2"],
+    "ray, jobs 2": ["--backend", "ray", "--jobs", "2"],
+}
+
+
+def _mnist() -> Path:
+    for candidate in (os.environ.get("FEDCLOCK_DATA"), REPO.parent / "shared" / "data"):
+        if candidate:
+            for p in (Path(candidate), Path(candidate) / "mnist"):
+                if (p / "train-images-idx3-ubyte.gz").exists():
+                    return p
+    raise SystemExit("sweep-parallel needs MNIST: set FEDCLOCK_DATA to its folder")
+
+
+def _table(out: Path) -> list[list[str]]:
+    with (out / "table.csv").open(newline="") as fh:
+        rows = list(csv.reader(fh))
+    keep = [i for i, h in enumerate(rows[0]) if "wall" not in h]
+    return [[r[i] for i in keep] for r in rows]
+
+
+def run(*, quick: bool = False, repeats: int = 1) -> dict[str, object]:
+    from benchmarks.common import machine
+
+    data = _mnist()
+    base = [
+        sys.executable, "-m", "fedclock", "sweep", "--preset", "salf-table2-mlp",
+        "--data-dir", str(data), "--seeds", "1234", "-q",
+    ]  # fmt: skip
+    if quick:
+        base += ["--set", "budget.aggregations=20"]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    times: dict[str, float] = {}
+    tables = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, extra in VARIANTS.items():
+            out = Path(tmp) / name.replace(" ", "-").replace(",", "")
+            t0 = time.perf_counter()
+            subprocess.run([*base, *extra, "--out", str(out)], check=True, env=env)
+            times[name] = round(time.perf_counter() - t0, 1)
+            tables[name] = _table(out)
+        cells = len(list((Path(tmp) / "jobs-1" / "runs").rglob("summary.json")))
+    first = times["jobs 1"]
+    return {
+        "machine": machine(),
+        "cells": cells,
+        "rounds": 20 if quick else 250,
+        "seconds": times,
+        "speedup": {k: round(first / v, 2) for k, v in times.items()},
+        "tables_identical": all(t == tables["jobs 1"] for t in tables.values()),
+    }
+
+
+def rows(r: dict[str, object]) -> list[tuple[str, str]]:
+    seconds: dict[str, float] = r["seconds"]  # type: ignore[assignment]
+    speedup: dict[str, float] = r["speedup"]  # type: ignore[assignment]
+    out = [(name, f"{s} s  ({speedup[name]}×)") for name, s in seconds.items()]
+    out.append(("cells", str(r["cells"])))
+    out.append(("tables identical", str(r["tables_identical"])))
+    return out
