@@ -99,3 +99,75 @@ def test_compare_on_ray_writes_the_local_table(tmp_path: Path) -> None:
     import ray
 
     assert not ray.is_initialized()
+
+
+# ------------------------------------------------------------------ executor.kind: ray
+
+
+@pytest.mark.slow
+def test_ray_executor_contributions_equal_the_serial_executors() -> None:
+    """Tasks on two model versions, in mixed order, cut into blocks on two actors: the
+    contributions are the serial executor's (to float32 tolerance: the actors run the
+    vectorized executor), attached to the driver's own tasks, in task order."""
+    pytest.importorskip("ray")
+    import functools
+
+    import torch
+
+    from fedclock.train.executor import SerialExecutor
+    from fedclock.train.factory import make_executor
+    from fedclock.train.local import LocalTraining, Needs
+    from tests.test_vectorized import _data, _tasks, _two_versions
+
+    sizes = [20, 11, 30, 16, 25]
+    data = _data(sizes, (1, 8, 8))
+    m, v0, v1 = _two_versions()
+    a = _tasks(v0, sizes, 8, epochs=1.0)
+    b = _tasks(v1, sizes, 4, epochs=1.0, first_id=10)
+    mixed = [a[0], b[1], a[2], b[3], a[1], b[0], a[3], b[2], a[4], b[4]]
+    serial = SerialExecutor(m, data, seed=1, lr=0.1).run(mixed)
+    build = functools.partial(
+        make_executor, Needs(), m, data, seed=1, local=LocalTraining(lr=0.1), kind="auto"
+    )
+    from fedclock.train.ray_executor import RayExecutor
+
+    ray_exec = RayExecutor(build, workers=2)
+    try:
+        got = ray_exec.run(mixed)
+        again = ray_exec.run(mixed[:3])  # versions put once, reused by the next batch
+    finally:
+        ray_exec.close()
+    assert len(got) == len(mixed)
+    assert all(c.task is t for c, t in zip(got, mixed, strict=True))  # the driver's own tasks
+    tol = 50 * torch.finfo(torch.float32).eps
+    for s, r in zip(serial, got, strict=True):
+        assert s.num_samples == r.num_samples and s.delta.keys() == r.delta.keys()
+        for k in s.delta:
+            torch.testing.assert_close(r.delta[k], s.delta[k], atol=tol, rtol=tol)
+        assert r.train_loss == pytest.approx(s.train_loss, rel=tol, abs=tol)
+    for s, r in zip(serial[:3], again, strict=True):
+        for k in s.delta:
+            torch.testing.assert_close(r.delta[k], s.delta[k], atol=tol, rtol=tol)
+
+
+@pytest.mark.slow
+def test_a_run_with_the_ray_executor_has_the_local_metrics(tmp_path: Path) -> None:
+    """The virtual clock and every count are unchanged; accuracy and loss to float32
+    tolerance (here they are bit for bit, the actors run the same vectorized code)."""
+    pytest.importorskip("ray")
+    from fedclock.config import load_config
+    from fedclock.experiment import run_experiment
+
+    raw = tiny_raw(strategy={"name": "fedbuff", "buffer_size": 2}, budget={"aggregations": 8})
+    local = run_experiment(load_config(raw=raw), run_dir=tmp_path / "local")
+    raw["executor"] = {"kind": "ray", "workers": 2}
+    on_ray = run_experiment(load_config(raw=raw), run_dir=tmp_path / "ray")
+    for a, b in zip(local.history, on_ray.history, strict=True):
+        for k in a:
+            if k in ("test_accuracy", "test_loss"):
+                assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-5)
+            elif k != "wall_time":
+                assert b[k] == a[k], k
+    import ray
+
+    assert not ray.is_initialized()

@@ -651,10 +651,14 @@ class EvalConfig(_Section):
 
 
 class ExecutorConfig(_Section):
-    kind: Literal["auto", "serial", "vectorized"] = Field(
+    kind: Literal["auto", "serial", "vectorized", "ray"] = Field(
         "auto",
         description="auto/vectorized: many clients per pass (torch.func), serial where it "
-        "cannot batch; serial: one task after another",
+        "cannot batch; serial: one task after another; ray: blocks of tasks on Ray actors "
+        "(each running auto)",
+    )
+    workers: int | None = Field(
+        None, ge=1, description="kind ray: the actors (null: every CPU of the Ray cluster)"
     )
     max_batch_clients: int | None = Field(
         None, ge=1, description="clients per vectorized block; null = automatic from model size"

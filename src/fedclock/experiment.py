@@ -288,7 +288,7 @@ def run_experiment(
         strategy.needs, model, data, seed=cfg.seed,
         local=LocalTraining(lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay),
         kind=cfg.executor.kind, device=cfg.executor.device,
-        max_batch_clients=cfg.executor.max_batch_clients,
+        max_batch_clients=cfg.executor.max_batch_clients, workers=cfg.executor.workers,
     )  # fmt: skip
     evaluator: Any = Evaluator(
         new_model(), ds.x_test, ds.y_test, batch_size=cfg.eval.batch_size, device=device
@@ -364,7 +364,12 @@ def run_experiment(
     # Ctrl-C stops the loop at the next event (after a checkpoint); once the loop is over it
     # is ignored until the run folder is complete
     with stop_on_sigint(checkpointer):
-        summary, error = _run_and_record(sim, cfg, recorder, run_dir, wall0)
+        try:
+            summary, error = _run_and_record(sim, cfg, recorder, run_dir, wall0)
+        finally:
+            close = getattr(executor, "close", None)  # (Ray actors)
+            if close is not None:
+                close()
         if val_xy is not None:  # test accuracy of the best-validation checkpoint (SALF Table II)
             summary["val_best_test_accuracy"] = evaluator.best_val_test_accuracy
             summary["best_val_accuracy"] = evaluator.best_val

@@ -111,6 +111,7 @@ _NOT_COMPUTE = (
     "runs/tables.py",
     "runs/compare.py",
     "runs/sweep.py",
+    "runs/parallel.py",
     "metrics/plots.py",
 )
 

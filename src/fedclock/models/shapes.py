@@ -413,6 +413,9 @@ class Full(WorkShape):
     def describe(self) -> str:
         return "full-model"
 
+    def __reduce__(self) -> str:
+        return "FULL"  # unpickled as the module's singleton (executors test ``shape is FULL``)
+
     def trains(self, layout: Layout, name: str) -> bool:
         return True
 

@@ -5,6 +5,7 @@ never inspects a strategy."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import replace
 
@@ -18,7 +19,7 @@ from fedclock.train.vectorized import VectorizedExecutor, unsupported_model_reas
 
 log = logging.getLogger(__name__)
 
-KINDS = ("auto", "serial", "vectorized")
+KINDS = ("auto", "serial", "vectorized", "ray")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -43,6 +44,7 @@ def make_executor(
     kind: str = "auto",
     device: str = "cpu",
     max_batch_clients: int | None = None,
+    workers: int | None = None,
 ) -> SerialExecutor | VectorizedExecutor:
     """The executor for a strategy that declares ``needs``: one that runs every work shape
     from its program (``WorkShape.program``), for the ``needs.layout`` of the model.
@@ -53,6 +55,16 @@ def make_executor(
     """
     if kind not in KINDS:
         raise ValueError(f"unknown executor {kind!r}; allowed: {', '.join(KINDS)}")
+    if kind == "ray":  # each actor builds the executor `auto` gives (fedclock.train.ray_executor)
+        from fedclock.train.ray_executor import RayExecutor
+
+        build = functools.partial(
+            make_executor, needs, model, data, seed=seed, local=local, kind="auto",
+            device=device, max_batch_clients=max_batch_clients,
+        )  # fmt: skip
+        return RayExecutor(  # type: ignore[return-value]
+            build, workers=workers, momentum_per_client=needs.momentum_per_client
+        )
     if needs.proximal_mu:  # the strategy's local objective (FedProx)
         local = replace(local, proximal_mu=needs.proximal_mu)
     dev = resolve_device(device)
