@@ -27,6 +27,7 @@ BENCHMARKS = {
     "partial-backprop": "benchmarks.partial_backprop",
     "checkpoint-cost": "benchmarks.checkpoint_cost",
     "sweep-parallel": "benchmarks.sweep_parallel",
+    "executor-ray": "benchmarks.executor_ray",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 

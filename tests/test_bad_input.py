@@ -158,7 +158,7 @@ CASES: list[tuple[str, Setup]] = [
     ("unknown budget field", _run_raw(budget={"rounds": 3})),
     ("unknown eval field", _run_raw(eval={"every": 3})),
     ("unknown guard field", _run_raw(guard={"nan": True})),
-    ("unknown executor field", _run_raw(executor={"workers": 3})),
+    ("unknown executor field", _run_raw(executor={"nodes": 3})),
     ("unknown compare field", _run_raw(compare={"seed": [1]})),
     ("unknown salf field", _run_raw(salf={"ratio": 0.5})),
     # mistyped values

@@ -316,7 +316,8 @@ def test_compare_goes_on_from_the_checkpoint_of_an_interrupted_cell(
     monkeypatch.setattr(cache, "run_experiment", real)
     res = runner.invoke(app, [*args, "--out", str(tmp_path / "killed")])
     assert res.exit_code == 0, res.output
-    assert "fedbuff seed 3: it was interrupted: going on from its checkpoint" in res.output
+    text = " ".join(res.output.split())
+    assert "going on with fedbuff seed 3 from its checkpoint (interrupted)" in text
     assert "reused finished run fedavg seed 3" in res.output
     assert "resumed" in json.loads((cell / "meta.json").read_text())
     assert _table(tmp_path / "killed") == _table(tmp_path / "whole")

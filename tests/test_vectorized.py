@@ -307,7 +307,7 @@ def test_model_fallbacks_and_batchnorm_gets_a_vectorized_executor(
     assert isinstance(vec, VectorizedExecutor) and vec.max_batch_clients == 4
     assert isinstance(make("serial", _WithBatchNorm(), (6,)), SerialExecutor)
     with pytest.raises(ValueError, match="allowed"):
-        make("ray", _WithBatchNorm(), (6,))
+        make("spark", _WithBatchNorm(), (6,))
     # partial work goes to the partial-work executor, which needs the model's layout
     with pytest.raises(ValueError, match="layout"):
         make_executor(Needs(shapes=frozenset({Full, Suffix})), _WithBatchNorm(), _data([8], (6,)),

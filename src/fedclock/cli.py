@@ -309,7 +309,14 @@ def _note_reuse(progress: Progress, strategy: str, seed: int, result: Any) -> No
 
 
 def _note_rerun(progress: Progress, cell: str, seed: int, why: str) -> None:
-    progress.console.print(f"re-running {cell} seed {seed}: {why}")
+    from fedclock.runs.cache import RESUMING
+
+    if why == RESUMING:
+        progress.console.print(
+            f"going on with {cell} seed {seed} from its checkpoint (interrupted)"
+        )
+    else:
+        progress.console.print(f"re-running {cell} seed {seed}: {why}")
 
 
 def _note_merged(progress: Progress, out: Path, entry: str) -> None:

@@ -51,6 +51,9 @@ def reusable(
     return _finished(run_dir, cfg, accept)[0]
 
 
+RESUMING = "it was interrupted: going on from its checkpoint"
+
+
 def stale_reason(
     run_dir: Path, cfg: ExperimentConfig, accept: tuple[str, ...] = ("completed",)
 ) -> str | None:
@@ -58,7 +61,7 @@ def stale_reason(
     it is reusable) — the console says it before running the cell (again, or on from its
     checkpoint)."""
     if resumable(run_dir, cfg):
-        return "it was interrupted: going on from its checkpoint"
+        return RESUMING
     return _finished(run_dir, cfg, accept)[1]
 
 
