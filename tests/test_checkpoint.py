@@ -147,14 +147,8 @@ def _case_config(case: str, every: int = 1) -> Any:
     return load_config(raw=raw, overrides=[*overrides, f"checkpoint.every_aggregations={every}"])
 
 
-def _outputs(run_dir: Path) -> tuple[list[list[str]], dict[str, Any], str]:
-    """metrics.csv without wall_time, summary.json without wall_s, clients.csv."""
-    with (run_dir / "metrics.csv").open(newline="") as fh:
-        rows = list(csv.reader(fh))
-    keep = [i for i, h in enumerate(rows[0]) if h != "wall_time"]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    summary.pop("wall_s")
-    return [[r[i] for i in keep] for r in rows], summary, (run_dir / "clients.csv").read_text()
+# metrics.csv without wall_time, summary.json without wall_s, clients.csv (the crash script's)
+_outputs = load_script("crash_resume").outputs
 
 
 def _crash_at(event: int) -> Any:
