@@ -26,6 +26,14 @@ GOLDEN = REPO / "tests" / "golden"
 _SALF = {"salf.scenario": "ratio", "population.straggler_ratio": 0.5}
 _SALF_DEADLINE = {"salf.scenario": "deadline", "strategy.t_max": 0.5}
 _ASYNC = {"budget.aggregations": 10}
+_CIS = {
+    "partition.num_clients": 7,
+    "partition.sizes": "tree",
+    "model.arch": "ee_cnn",
+    "model.channels": "[4, 4, 8]",
+    "cis.tree": "4-2-1",
+    "cis.serving": "80-15-5",
+}
 
 # case name → overrides of tiny_raw() (tests/conftest.py): 6 digits clients, MLP [16]
 CASES: dict[str, dict[str, Any]] = {
@@ -69,6 +77,15 @@ CASES: dict[str, dict[str, Any]] = {
     "heterofl-deadline": {"strategy.name": "heterofl", **_SALF_DEADLINE},
     "asyncfl-paper": {"strategy.name": "asyncfl", **_SALF},
     "asyncfl-reference": {"strategy.name": "asyncfl", "salf.mode": "reference", **_SALF},
+    "cis-serving": {"strategy.name": "cis-serving", **_CIS},
+    "cis-flops-epsilon": {"strategy.name": "cis-flops", "strategy.epsilon": 0.2, **_CIS},
+    "cis-balanced-reference": {
+        "strategy.name": "cis-balanced",
+        "strategy.mode": "reference",
+        "strategy.epsilon": 0.2,
+        "train.momentum": 0.5,
+        **_CIS,
+    },
 }
 
 DROP = ("wall_time",)

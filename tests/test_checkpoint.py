@@ -196,6 +196,7 @@ _STATIC = {
     "Population", "Layout", "Units", "Program", "Scale", "ClientData", "Context", "Evaluator",
     "ClientLossEvaluator", "UpdateGuard", "FaultInjector", "Needs", "LocalTraining", "Staleness",
     "BuildInfo", "Counters", "Work", "Budget", "Classifier", "CrossEntropy",
+    "EarlyExitNet", "ExitInfo", "ExitLoss", "MultiExitLoss", "Tree",
 }  # fmt: skip
 
 

@@ -654,7 +654,8 @@ def plot(
     metric: Annotated[
         str,
         typer.Option(
-            help="Column of metrics.csv to plot; for sweeps, a metric of table.csv "
+            help="Column of metrics.csv to plot ('exits': every exit's accuracy and the CIS "
+            "accuracy of early-exit runs, one panel each); for sweeps, a metric of table.csv "
             "(default: the sweep's headline metric)."
         ),
     ] = "test_accuracy",
@@ -672,7 +673,13 @@ def plot(
     """Overlay accuracy vs virtual time and vs aggregation index for several runs; or, for
     sweep folders, one panel per sweep: the metric against the swept value per strategy."""
     from fedclock.errors import DataError
-    from fedclock.metrics.plots import plot_groups, plot_sweeps, read_metrics, read_table
+    from fedclock.metrics.plots import (
+        plot_exits,
+        plot_groups,
+        plot_sweeps,
+        read_metrics,
+        read_table,
+    )
     from fedclock.runs import headline_metric
 
     with _user_errors():
@@ -714,7 +721,9 @@ def plot(
                 s = json.loads(summary.read_text())
                 label = f"{s.get('strategy', d.name)} (seed {s.get('seed')}) · {d.name}"
             metrics = read_metrics(d)
-            if metric not in metrics:
+            if metric == "exits" and "exit1_accuracy" not in metrics:
+                raise DataError(f"{d}/metrics.csv has no exit columns (not an early-exit run).")
+            if metric != "exits" and metric not in metrics:
                 raise DataError(f"{d}/metrics.csv has no column '{metric}'.")
             if until is not None:
                 if until <= 0:
@@ -722,7 +731,12 @@ def plot(
                 keep = metrics["virtual_time"] <= until
                 metrics = {k: v[keep] for k, v in metrics.items()}
             groups[label] = [metrics]
-        path = plot_groups(groups, out or run_dirs[0] / "accuracy.png", metric=metric, y_min=y_min)
+        if metric == "exits":
+            path = plot_exits(groups, out or run_dirs[0] / "exits.png")
+        else:
+            path = plot_groups(
+                groups, out or run_dirs[0] / "accuracy.png", metric=metric, y_min=y_min
+            )
     Console().print(f"wrote {path}")
 
 

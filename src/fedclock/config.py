@@ -81,14 +81,28 @@ class PartitionConfig(_Section):
     num_clients: int = Field(20, ge=1)
     alpha: float = Field(0.5, gt=0)
     shards_per_client: int = Field(2, ge=1)
-    sizes: Literal["equal", "lognormal"] = "equal"
+    sizes: Literal["equal", "lognormal", "tree"] = Field(
+        "equal",
+        description="client data sizes: equal, lognormal, or tree (each layer of the "
+        "cis tree holds cis.split of the data, evenly among its nodes)",
+    )
     size_sigma: float = Field(1.0, ge=0)
     min_samples: int = Field(1, ge=1)
 
 
 class ModelConfig(_Section):
     arch: Literal[
-        "logreg", "mlp", "cnn", "fraboni_cnn", "lstm", "vgg11", "vgg13", "vgg16", "vgg19"
+        "logreg",
+        "mlp",
+        "cnn",
+        "fraboni_cnn",
+        "lstm",
+        "vgg11",
+        "vgg13",
+        "vgg16",
+        "vgg19",
+        "ee_cnn",
+        "ee_resnet18",
     ] = "mlp"
     hidden: list[int] = [64]
     channels: list[int] = [32, 64]
@@ -103,6 +117,11 @@ class ModelConfig(_Section):
     lstm_hidden: int = Field(100, ge=1, description="lstm: units per LSTM layer")
     lstm_layers: int = Field(2, ge=1, description="lstm: stacked LSTM layers")
     vgg_width: float = Field(1.0, gt=0, description="vgg*: channel multiplier (1 = the paper's)")
+    exits: list[int] | None = Field(
+        None,
+        description="ee_resnet18: the entries (1..17) followed by an exit; null = the paper's "
+        "(3, 9, 17 for ≤ 10 classes, else 9, 13, 17)",
+    )
 
     @field_validator("hidden", "channels")
     @classmethod
@@ -111,12 +130,16 @@ class ModelConfig(_Section):
             raise ValueError("every width must be a positive integer")
         return v
 
-    @field_validator("channels")
-    @classmethod
-    def _two_convs(cls, v: list[int]) -> list[int]:
-        if len(v) != 2:
-            raise ValueError("the CNN has two conv layers, so give exactly two channel counts")
-        return v
+    @model_validator(mode="after")
+    def _channel_counts(self) -> ModelConfig:
+        want = {"cnn": (2, "the CNN has two conv layers"), "ee_cnn": (3, "ee_cnn has three stages")}
+        if self.arch in want and len(self.channels) != want[self.arch][0]:
+            n, why = want[self.arch]
+            raise _sentence(
+                f"model.channels: {why}, so give exactly {n} channel counts "
+                f"(got {len(self.channels)})."
+            )
+        return self
 
 
 class SlowdownConfig(_Section):
@@ -500,6 +523,81 @@ class FedRAASyncOptions(_FedRAAFields):
     fixed = {"scheduler": "gre-raa", "sync": True}
 
 
+# ---- CIS: early exits trained across a tree of devices (docs/methods/cis.md); the cis
+# section holds the tree, its serving rates and the data split
+class _CisOptions(StrategyOptions):
+    """Algorithm 1 of Kaplan et al. with one choice of the aggregation weights Λ̃."""
+
+    epsilon: float = Field(
+        0.0, ge=0, lt=1,
+        description="node collaboration ε: p_{i,e} = ε for e < E_i, 1 − (E_i − 1)·ε for E_i "
+        "(0: each node trains only its own exit)",
+    )  # fmt: skip
+    p_rule: Literal["paper", "code"] = Field(
+        "paper",
+        description="paper: ε per lower exit; code: the authors' --sampled-probability, ε in "
+        "total spread evenly over the lower exits (p_{i,e} = ε/(E_i − 1))",
+    )
+    server_lr: float = Field(1.0, gt=0, description="η_s of the server update")
+    mode: Literal["paper", "reference"] = Field(
+        "paper",
+        description="paper: Algorithm 1's update; reference: the authors' code (the root "
+        "absorbs the leftover weight per tensor, the lower exits' heads stay as the root "
+        "has them, p multiplied)",
+    )
+    lr_schedule: Literal["cosine", "constant"] = Field(
+        "cosine",
+        description="local learning rate over rounds: cosine annealing from train.lr to lr_min "
+        "over budget.aggregations rounds (the paper), or train.lr throughout",
+    )
+    lr_min: float = Field(0.001, ge=0, description="the cosine schedule's final rate")
+
+
+class CisEqualOptions(_CisOptions):
+    """Λ̃_e = 1/E (Equal Weight)."""
+
+    name: Literal["cis-equal"] = "cis-equal"
+
+
+class CisFlopsOptions(_CisOptions):
+    """Λ̃_e ∝ FLOPs up to exit e (FLOPS Prop)."""
+
+    name: Literal["cis-flops"] = "cis-flops"
+    flops_ramp: bool = Field(
+        True,
+        description="the authors' schedule Λ̃_e ∝ min(r_e, (t+1)/T) (equal at first, FLOPs-"
+        "proportional by the last round); false: ∝ r_e throughout",
+    )
+
+
+class CisServingOptions(_CisOptions):
+    """Λ̃_e = Λ_e (Serving Rate)."""
+
+    name: Literal["cis-serving"] = "cis-serving"
+
+
+class CisBalancedOptions(_CisOptions):
+    """Λ̃_e = ½(Λ_e/ΣΛ + o_e/Σo), o_e = 1/(σ_e²·Σ_{i: E_i=e}(|S_i|/|S_e|)²) (Balanced Adj, as
+    the authors' code computes it)."""
+
+    name: Literal["cis-balanced"] = "cis-balanced"
+    sigma: list[float] | None = Field(
+        None,
+        description="σ_e per exit: average point-wise gradient variance (the paper's Table 3); "
+        "null = measured on the initial model",
+    )
+    sigma_samples: int = Field(
+        256, ge=2, description="training samples used to measure σ_e (sigma: null)"
+    )
+
+    @field_validator("sigma")
+    @classmethod
+    def _positive_sigma(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and (not v or any(not (x > 0) for x in v)):
+            raise ValueError("every σ_e must be > 0")
+        return v
+
+
 # ---- SALF and its baselines (docs/methods/salf.md); the salf section holds their settings
 class _SalfFamilyOptions(StrategyOptions):
     salf_fields: ClassVar[tuple[str, ...]] = ("scenario", "mode", "charge")
@@ -559,7 +657,11 @@ StrategyOptionsUnion = Annotated[
     | VanillaOptions
     | SalfOptions
     | HeteroFLOptions
-    | AsyncFLOptions,
+    | AsyncFLOptions
+    | CisEqualOptions
+    | CisFlopsOptions
+    | CisServingOptions
+    | CisBalancedOptions,
     Field(discriminator="name"),
 ]
 
@@ -713,6 +815,51 @@ class SalfConfig(_Section):
     )
 
 
+class CisNodeConfig(_Section):
+    parent: int = Field(..., ge=-1, description="the parent node (−1: the root)")
+    exit: int = Field(..., ge=1, description="E_i: the deepest exit the node holds")
+    arrival: float = Field(0.0, ge=0, description="λ^a_i: requests per second arriving here")
+    capacity: float | None = Field(
+        None, ge=0, description="μ^max_i: requests per second it may forward (null: unlimited)"
+    )
+
+
+#: nodes of the cis section's named trees
+CIS_TREE_SIZES = {"4-2-1": 7, "12-4-1": 17}
+
+
+class CisConfig(_Section):
+    """The collaborative inference system (docs/methods/cis.md): a tree of devices (node i
+    = client i), its serving rates and the data split over its layers. Read by the cis-*
+    strategies, by ``partition.sizes: tree`` and by the evaluation of an early-exit model
+    (``cis_accuracy``)."""
+
+    tree: Literal["4-2-1", "12-4-1", "custom"] | None = Field(
+        None,
+        description="the paper's trees (leaves → edge → root), custom (cis.nodes), or null: "
+        "not a collaborative inference system",
+    )
+    nodes: list[CisNodeConfig] | None = Field(None, description="tree: custom: node i's links")
+    serving: str | None = Field(
+        None,
+        description="'x-y-z': the shares served at exits 1, 2, 3 (Table 1's settings); null = "
+        "from the nodes' arrival rates and capacities (eqs. 2–5; the named trees: 80-15-5)",
+    )
+    split: Literal["equal", "biased", "highly-biased"] | list[float] = Field(
+        "equal",
+        description="share of the training data per exit layer, leaves' first: equal "
+        "(1/3 each), biased (14.3/28.6/57.1 %), highly-biased (3.4/19.9/76.7 %), or a list",
+    )
+
+    @property
+    def size(self) -> int | None:
+        if self.tree is None:
+            return None
+        if self.tree == "custom":
+            return len(self.nodes or [])
+        return CIS_TREE_SIZES[self.tree]
+
+
 class ExperimentConfig(_Section):
     name: str = "experiment"
     description: str = ""
@@ -730,6 +877,7 @@ class ExperimentConfig(_Section):
     executor: ExecutorConfig = ExecutorConfig()
     compare: CompareConfig = CompareConfig()
     salf: SalfConfig = SalfConfig()
+    cis: CisConfig = CisConfig()
     output_dir: str = "runs"
 
     @model_validator(mode="before")
@@ -744,6 +892,35 @@ class ExperimentConfig(_Section):
         if isinstance(raw, dict):
             data["strategy"] = _split_strategy(dict(raw), _role(info), _compared(data))
         return data
+
+    @model_validator(mode="after")
+    def _cis_tree(self) -> ExperimentConfig:
+        """A tree of devices needs one client per node; CIS strategies need a tree."""
+        c = self.cis
+        if c.tree == "custom" and not c.nodes:
+            raise _sentence("cis.tree is custom, so list its nodes in cis.nodes.")
+        if c.tree is not None and c.tree != "custom" and c.nodes:
+            raise _sentence(f"cis.nodes is given but cis.tree is {c.tree!r}; set cis.tree: custom.")
+        if c.size is not None and self.partition.num_clients != c.size:
+            raise _sentence(
+                f"partition.num_clients is {self.partition.num_clients} but the cis tree "
+                f"{c.tree} has {c.size} nodes (one client per node)."
+            )
+        if self.partition.sizes == "tree" and c.tree is None:
+            raise _sentence("partition.sizes is tree, so set cis.tree (the tree whose layers "
+                            "split the data).")  # fmt: skip
+        if self.strategy.name.startswith("cis-"):
+            if c.tree is None:
+                raise _sentence(
+                    f"Strategy {self.strategy.name!r} trains across a tree of devices: set "
+                    "cis.tree (4-2-1, 12-4-1 or custom)."
+                )
+            if self.model.arch not in ("ee_cnn", "ee_resnet18"):
+                raise _sentence(
+                    f"Strategy {self.strategy.name!r} trains early exits: set model.arch to "
+                    f"ee_cnn or ee_resnet18 (got {self.model.arch})."
+                )
+        return self
 
     @model_validator(mode="after")
     def _salf_fields(self, info: ValidationInfo) -> ExperimentConfig:

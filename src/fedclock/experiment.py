@@ -24,9 +24,11 @@ from fedclock.data import SyntheticSpec, TextSpec, load_dataset, partition
 from fedclock.data.transforms import authors_normalization, holdout_split
 from fedclock.devices import Population, build_population
 from fedclock.devices.cost import TaskCost
+from fedclock.devices.topology import build_tree
 from fedclock.errors import CheckpointError, ConfigError, DivergenceError
 from fedclock.metrics.recorder import CLIENT_LOSS_COLUMNS, RunRecorder, source_digest, summarize
 from fedclock.models import build_model, layer_view, param_bytes
+from fedclock.models.early_exit import EarlyExitNet, MultiExitLoss
 from fedclock.rng import torch_seed
 from fedclock.sim.checkpoint import (
     CHECKPOINT_FILE,
@@ -39,10 +41,10 @@ from fedclock.sim.guard import FaultInjector, UpdateGuard
 from fedclock.sim.simulator import Budget, Simulator
 from fedclock.sim.types import ModelVersion
 from fedclock.strategies import BuildInfo, Strategy, build_strategy, fedavg_weights
-from fedclock.train.evaluate import BestValidation, ClientLossEvaluator, Evaluator
+from fedclock.train.evaluate import BestValidation, ClientLossEvaluator, Evaluator, ExitEvaluator
 from fedclock.train.executor import ClientData, snapshot
 from fedclock.train.factory import make_executor, resolve_device
-from fedclock.train.local import LocalTraining
+from fedclock.train.local import CrossEntropy, LocalTraining
 
 
 @dataclass
@@ -208,6 +210,7 @@ def _run_and_record(
         history=sim.history, counters=sim.counters,
         wall_s=time.perf_counter() - min(wall0, sim.wall_start), virtual_time=sim.now,
         target_accuracy=cfg.eval.target_accuracy, num_clients=cfg.partition.num_clients,
+        extra_columns=[c for c in recorder.columns if c.startswith(("exit", "cis_"))],
     )  # fmt: skip
     return summary, error
 
@@ -247,10 +250,12 @@ def run_experiment(
         ds = dataclasses.replace(ds, x_train=xt, y_train=yt, groups=None)
         val_xy = (xv, yv)
     p = cfg.partition
+    tree = build_tree(cfg.cis)  # a collaborative inference system's devices, if any
     parts = partition(
         ds.y_train.numpy(), p.num_clients, scheme=p.scheme, seed=cfg.seed, alpha=p.alpha,
         shards_per_client=p.shards_per_client, sizes=p.sizes, size_sigma=p.size_sigma,
         min_samples=p.min_samples, groups=ds.groups,
+        shares=None if tree is None else tree.data_shares(cfg.cis.split),
     )  # fmt: skip
     m = cfg.model
 
@@ -259,7 +264,8 @@ def run_experiment(
             m.arch, input_shape=ds.input_shape, num_classes=ds.num_classes, hidden=m.hidden,
             channels=m.channels, kernel_size=m.kernel_size, fc_hidden=m.fc_hidden,
             padding=m.padding, embed_dim=m.embed_dim, lstm_hidden=m.lstm_hidden,
-            lstm_layers=m.lstm_layers, vgg_width=m.vgg_width, input_dtype=ds.input_dtype,
+            lstm_layers=m.lstm_layers, vgg_width=m.vgg_width, exits=m.exits,
+            input_dtype=ds.input_dtype,
             seed=torch_seed(cfg.seed, "init") % (2**31),
         )  # fmt: skip
 
@@ -276,6 +282,7 @@ def run_experiment(
         model=model,
         layers=tuple(layers),
         population=population,
+        train=(ds.x_train, ds.y_train),
     )
     strategy = build_strategy(cfg, info)
     check_deadline(strategy, population, cfg)
@@ -286,13 +293,25 @@ def run_experiment(
     t = cfg.train
     executor = make_executor(
         strategy.needs, model, data, seed=cfg.seed,
-        local=LocalTraining(lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay),
+        local=LocalTraining(
+            lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay,
+            # an early-exit network's full-model task trains every exit
+            loss=MultiExitLoss() if isinstance(model, EarlyExitNet) else CrossEntropy(),
+        ),
         kind=cfg.executor.kind, device=cfg.executor.device,
         max_batch_clients=cfg.executor.max_batch_clients, workers=cfg.executor.workers,
     )  # fmt: skip
-    evaluator: Any = Evaluator(
-        new_model(), ds.x_test, ds.y_test, batch_size=cfg.eval.batch_size, device=device
-    )
+    evaluator: Any
+    more: ExitEvaluator | None = None  # per-exit and routed CIS accuracy columns
+    if isinstance(model, EarlyExitNet):
+        evaluator = more = ExitEvaluator(
+            new_model(), ds.x_test, ds.y_test, num_exits=model.num_exits, tree=tree,
+            batch_size=cfg.eval.batch_size, device=device,
+        )  # fmt: skip
+    else:
+        evaluator = Evaluator(
+            new_model(), ds.x_test, ds.y_test, batch_size=cfg.eval.batch_size, device=device
+        )
     if val_xy is not None:
         evaluator = BestValidation(
             evaluator,
@@ -319,9 +338,11 @@ def run_experiment(
         check_resumable(resumed, header, run_dir)
     else:  # a checkpoint of an earlier run in this folder must never be resumed into this one
         ck_path.unlink(missing_ok=True)
+    extra = (*(more.columns if more is not None else ()),
+             *(CLIENT_LOSS_COLUMNS if client_eval is not None else ()))  # fmt: skip
     recorder = RunRecorder(
         run_dir,
-        extra_columns=CLIENT_LOSS_COLUMNS if client_eval is not None else (),
+        extra_columns=extra,
         resume_rows=None if resumed is None else resumed["rows"],
     )
     if resumed is None:
@@ -344,6 +365,7 @@ def run_experiment(
         eval_every_virtual_seconds=cfg.eval.every_virtual_seconds,
         divergence_factor=cfg.eval.divergence_factor,
         evaluate_clients=client_eval,
+        evaluate_more=more.more if more is not None else None,
         importance=importance,
         on_aggregate=_validation_schedule(evaluator, cfg.eval.val_every_aggregations),
         guard=_guard(cfg),

@@ -50,7 +50,7 @@ from fedclock.rng import stream
 __all__ = ["SCHEMES", "SIZES", "client_sizes", "label_histogram", "natural_clients", "partition"]
 
 SCHEMES = ("iid", "dirichlet", "shards", "natural")
-SIZES = ("equal", "lognormal")
+SIZES = ("equal", "lognormal", "tree")
 
 # Stream ids under purpose "partition".
 _SIZES_STREAM = 0
@@ -69,11 +69,13 @@ def partition(
     size_sigma: float = 1.0,
     min_samples: int = 1,
     groups: np.ndarray | None = None,
+    shares: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Split ``range(len(labels))`` among ``num_clients`` clients; see the module docstring.
 
     ``groups`` (one non-negative integer per sample) is needed by, and only
-    used by, ``scheme="natural"``.
+    used by, ``scheme="natural"``. ``shares`` (one per client, summing to 1) gives the
+    client sizes of ``sizes="tree"`` (a collaborative inference system's data split).
 
     Returns:
         One sorted int64 index array per client, disjoint, each of at least
@@ -114,9 +116,14 @@ def partition(
     if scheme == "shards":
         return _shards(y, num_clients, shards_per_client, sizes, min_samples, rng)
 
-    quota = client_sizes(
-        n, num_clients, sizes=sizes, size_sigma=size_sigma, min_samples=min_samples, seed=seed
-    )
+    if sizes == "tree":
+        if shares is None or len(shares) != num_clients:
+            raise ConfigError("partition.sizes tree needs one data share per node (cis.tree).")
+        quota = shared_sizes(n, np.asarray(shares, dtype=float), min_samples)
+    else:
+        quota = client_sizes(
+            n, num_clients, sizes=sizes, size_sigma=size_sigma, min_samples=min_samples, seed=seed
+        )
     if scheme == "iid":
         bounds = np.cumsum(quota)[:-1]
         parts = np.split(rng.permutation(n), bounds)
@@ -163,6 +170,20 @@ def _natural(
         )
     chosen = natural_clients(g, num_clients, min_samples=min_samples)
     return [np.flatnonzero(g == c).astype(np.int64, copy=False) for c in chosen]
+
+
+def shared_sizes(n: int, shares: np.ndarray, min_samples: int = 1) -> np.ndarray:
+    """Sample counts ∝ ``shares`` summing to ``n``: floors, then the largest remainders
+    (ties to the lower client id), each at least ``min_samples``."""
+    want = shares / shares.sum() * n
+    out = np.maximum(np.floor(want).astype(np.int64), min_samples)
+    rest = n - int(out.sum())
+    if rest > 0:
+        order = np.argsort(-(want - np.floor(want)), kind="stable")
+        out[order[:rest]] += 1
+    while int(out.sum()) > n:
+        out[int(np.argmax(out))] -= 1
+    return out
 
 
 def client_sizes(

@@ -97,6 +97,42 @@ def plot_groups(
     return _save(fig, out)
 
 
+def plot_exits(
+    groups: Mapping[str, Sequence[dict[str, np.ndarray]]], out: Path, *, title: str = ""
+) -> Path:
+    """An early-exit network's accuracy per exit (``exit<e>_accuracy``, one panel each, and
+    ``cis_accuracy`` when recorded) vs the aggregation index: one line per group (mean over
+    its runs, ±std band when several)."""
+    first = next((r for runs in groups.values() for r in runs if r), {})
+    keys = sorted((k for k in first if k.startswith("exit") and k.endswith("_accuracy")),
+                  key=lambda k: int(k[4:-9]))  # fmt: skip
+    keys += ["cis_accuracy"] if "cis_accuracy" in first else []
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3.6), squeeze=False)
+    for j, key in enumerate(keys):
+        ax = axes[0, j]
+        for i, (label, runs) in enumerate(groups.items()):
+            runs = [r for r in runs if r and key in r]
+            if not runs:
+                continue
+            end = min(r["aggregation"][-1] for r in runs)
+            grid = np.linspace(0.0, end, 200)
+            ys = np.stack([step_interp(r["aggregation"], r[key], grid) for r in runs])
+            mean, std = np.nanmean(ys, 0), np.nanstd(ys, 0)
+            color = colour(i, len(groups))
+            ax.plot(grid, mean, color=color, label=label, lw=1.5)
+            if len(runs) > 1:
+                ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, lw=0)
+        ax.set_title(key.replace("_accuracy", "").replace("exit", "exit ").replace("cis", "CIS"))
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("test accuracy")
+    axes[0, -1].legend(loc="lower right", fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, out)
+
+
 LOSS_PANELS = (
     ("federated_loss", "federated loss, eq. (2)"),
     ("participation_loss", "participation-weighted loss (authors' surrogate)"),

@@ -279,8 +279,10 @@ def summarize(
     virtual_time: float,
     target_accuracy: float | None,
     num_clients: int,
+    extra_columns: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """summary.json: the headline numbers of one run."""
+    """summary.json: the headline numbers of one run; each of ``extra_columns`` (evaluator
+    metrics such as ``cis_accuracy``) at the last evaluation."""
     accs = [r["test_accuracy"] for r in history]
     last = history[-1] if history else None
     spent = float(counters.compute_s_spent)
@@ -303,6 +305,7 @@ def summarize(
         "final_test_accuracy": last["test_accuracy"] if last else math.nan,
         "best_test_accuracy": max(accs) if accs else math.nan,
         "final_test_loss": last["test_loss"] if last else math.nan,
+        **{k: (last[k] if last and k in last else math.nan) for k in extra_columns},
         **client_losses,
         "virtual_time": virtual_time,
         "aggregations": int(counters.aggregations),

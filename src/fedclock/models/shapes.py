@@ -8,7 +8,9 @@ A :class:`WorkShape` says which part of the model a task trains and sends back:
 - :class:`Width` ``(rate)`` — HeteroFL's width-r submodel: the first ⌈r·C⌉ channels or
   neurons of every hidden layer (:func:`width_shapes`);
 - :class:`Fragment` ``(index, ratios)`` — Fed-RAA's model fragment: neuron group ``index``
-  of every hidden layer (:func:`fragment_masks`).
+  of every hidden layer (:func:`fragment_masks`);
+- :class:`Exit` ``(exit, holds)`` — an early exit (CIS): the backbone up to exit ``exit`` and
+  its head, trained on that exit's own loss.
 
 A shape knows, given the model's :class:`Layout`: which tensors it trains
 (:meth:`WorkShape.trains`), the part of each tensor it covers (:meth:`WorkShape.coverage`:
@@ -31,6 +33,7 @@ import torch
 from torch import nn
 
 from fedclock.devices.cost import TaskCost
+from fedclock.models.early_exit import ExitLoss
 
 
 class UnsupportedShapeError(ValueError):
@@ -303,6 +306,8 @@ class Layout:
     )
     # the initial parameters (CPU copies), where element-wise fragments are asked for
     initial: dict[str, torch.Tensor] | None = field(default=None, compare=False, repr=False)
+    # an early-exit network's exits (fedclock.models.early_exit.ExitInfo), for Exit shapes
+    exits: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, model: nn.Module, units: Units, model_bytes: int, **kw: Any) -> Layout:
@@ -600,3 +605,57 @@ class Fragment(WorkShape):
         bwd = (u.bwd_first[0] if u.bwd_first else u.bwd_flops[0], *u.bwd_flops[1:])
         flops = sum((f + b) * s for f, b, s in zip(fwd, bwd, share, strict=True))
         return TaskCost(flops=samples * flops, bytes_down=nbytes, bytes_up=nbytes)
+
+
+@dataclass(frozen=True)
+class Exit(WorkShape):
+    """Early exit ``exit`` (1-based) of an early-exit network (Kaplan et al., Algorithm 1):
+    the task trains the entries up to that exit and its head on the exit's own loss
+    (:class:`fedclock.models.early_exit.ExitLoss`) and sends them; the node holds the model up
+    to its deepest exit ``holds`` (E_i), which it downloads."""
+
+    exit: int
+    holds: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.exit <= self.holds:
+            raise ValueError(f"exit {self.exit} is not one of the node's exits 1..{self.holds}")
+
+    def describe(self) -> str:
+        return f"early exit {self.exit}"
+
+    def _info(self, layout: Layout) -> Any:
+        if layout.exits is None:
+            raise UnsupportedShapeError(
+                f"{self.describe()} tasks need an early-exit model (model.arch ee_cnn or "
+                "ee_resnet18)."
+            )
+        if self.holds > len(layout.exits.params):
+            raise UnsupportedShapeError(
+                f"the model has {len(layout.exits.params)} exits, not {self.holds}."
+            )
+        return layout.exits
+
+    def trains(self, layout: Layout, name: str) -> bool:
+        return name in self._info(layout).params[self.exit - 1]
+
+    def holds_buffer(self, layout: Layout, name: str) -> bool:
+        return name in self._info(layout).buffers[self.exit - 1]
+
+    def _program(self, layout: Layout, trains_fully: bool) -> Program:
+        own = self._info(layout).params[self.exit - 1]
+        return Program(
+            trains=own, sends=frozenset(own), coverage={n: n in own for n in layout.param_shapes},
+            loss=ExitLoss(self.exit),
+        )  # fmt: skip
+
+    def cost(self, layout: Layout, samples: int) -> TaskCost:
+        """Forward and backward of the model up to the exit; the node's model (exits up to
+        ``holds``) down, the trained part up."""
+        info = self._info(layout)
+        e = self.exit - 1
+        return TaskCost(
+            flops=samples * (info.fwd_flops[e] + info.bwd_flops[e]),
+            bytes_down=int(info.param_bytes[self.holds - 1]),
+            bytes_up=int(info.param_bytes[e]),
+        )

@@ -59,6 +59,7 @@ import torch
 from torch import nn
 
 from fedclock.errors import ConfigError
+from fedclock.models.early_exit import ee_cnn, ee_resnet18
 
 VGG_CFGS: dict[str, tuple[int | str, ...]] = {
     "vgg11": (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"),
@@ -66,7 +67,10 @@ VGG_CFGS: dict[str, tuple[int | str, ...]] = {
     "vgg16": (64, 64, "M", 128, 128, "M", *(256,) * 3, "M", *(512,) * 3, "M", *(512,) * 3, "M"),
     "vgg19": (64, 64, "M", 128, 128, "M", *(256,) * 4, "M", *(512,) * 4, "M", *(512,) * 4, "M"),
 }
-MODEL_ARCHS: tuple[str, ...] = ("cnn", "fraboni_cnn", "logreg", "lstm", "mlp", *VGG_CFGS)
+EARLY_EXIT_ARCHS: tuple[str, ...] = ("ee_cnn", "ee_resnet18")  # models.early_exit
+MODEL_ARCHS: tuple[str, ...] = (
+    "cnn", "fraboni_cnn", "logreg", "lstm", "mlp", *VGG_CFGS, *EARLY_EXIT_ARCHS
+)  # fmt: skip
 TOKEN_ARCHS: tuple[str, ...] = ("lstm",)
 """Architectures whose input is integer token ids rather than real values."""
 IMAGE_ARCHS: tuple[str, ...] = ("cnn", "fraboni_cnn", *VGG_CFGS)
@@ -305,6 +309,7 @@ def build_model(
     lstm_hidden: int = 100,
     lstm_layers: int = 2,
     vgg_width: float = 1.0,
+    exits: Sequence[int] | None = None,
     input_dtype: torch.dtype | None = None,
     seed: int | None = None,
 ) -> nn.Module:
@@ -378,14 +383,27 @@ def build_model(
         _check_fraboni_shape(shape)
     elif arch in VGG_CFGS:
         _check_vgg_shape(arch, shape)
+    elif arch in EARLY_EXIT_ARCHS:
+        if len(shape) != 3:
+            raise ConfigError(
+                f"model.arch '{arch}' needs image input (C, H, W), model.input_shape {shape}."
+            )
+        if arch == "ee_cnn" and len(chans) != 3:
+            raise ConfigError(
+                f"model.channels must list exactly 3 positive integers for 'ee_cnn', got {list(chans)}."
+            )
     elif tokens and len(shape) != 1:
         raise ConfigError(
             f"model.arch '{arch}' needs token sequences, model.input_shape (T,), got {shape}; "
             f"use data.name 'shakespeare'."
         )
 
-    def make() -> Classifier:
+    def make() -> nn.Module:
         net: nn.Sequential
+        if arch == "ee_cnn":
+            return ee_cnn(shape, n_classes, chans)
+        if arch == "ee_resnet18":
+            return ee_resnet18(shape, n_classes, exits)
         if arch == "logreg":
             net = nn.Sequential(*_linear_stack(_flat_size(shape), (), n_classes))
         elif arch == "mlp":

@@ -37,7 +37,7 @@ import torch
 
 from fedclock.devices.cost import TaskCost, TaskTiming
 from fedclock.errors import CheckpointError
-from fedclock.models.shapes import FULL, Fragment, Full, Suffix, Width
+from fedclock.models.shapes import FULL, Exit, Fragment, Full, Suffix, Width
 from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
 
 FORMAT = 1
@@ -54,7 +54,7 @@ def register_value_type(cls: type) -> type:
     return cls
 
 
-for _cls in (TaskPlan, TaskCost, TaskTiming, Full, Suffix, Width, Fragment):
+for _cls in (TaskPlan, TaskCost, TaskTiming, Full, Suffix, Width, Fragment, Exit):
     register_value_type(_cls)
 
 

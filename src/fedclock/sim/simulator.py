@@ -218,6 +218,7 @@ class Simulator:
         eval_every_virtual_seconds: float | None = None,
         divergence_factor: float | None = None,
         evaluate_clients: Callable[[ModelVersion], np.ndarray] | None = None,
+        evaluate_more: Callable[[ModelVersion], dict[str, float]] | None = None,
         importance: np.ndarray | None = None,
         on_aggregate: Callable[[ModelVersion, int], None] | None = None,
         guard: UpdateGuard | None = None,
@@ -237,6 +238,7 @@ class Simulator:
         self.eval_every_virtual_seconds = eval_every_virtual_seconds
         self.divergence_factor = divergence_factor
         self.evaluate_clients = evaluate_clients
+        self.evaluate_more = evaluate_more  # extra metrics.csv columns (e.g. per-exit accuracy)
         self.importance = importance  # p_i of eq. 2 (default: ∝ client sizes)
         self.on_aggregate = on_aggregate  # (new version, aggregation count), after records
         self.guard = guard  # refuses bad updates before the aggregator sees them
@@ -459,6 +461,8 @@ class Simulator:
             "compute_s_spent": ctr.compute_s_spent,
             "compute_s_wasted": ctr.compute_s_wasted,
         }
+        if self.evaluate_more is not None:
+            row.update(self.evaluate_more(self.model))
         if self.evaluate_clients is not None:
             self.last_client_losses = self.evaluate_clients(self.model)
             row.update(self.client_metrics(self.last_client_losses))

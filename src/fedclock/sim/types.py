@@ -39,6 +39,9 @@ class TaskPlan:
     epochs: float | None = None
     # what the task trains: the full model, a layer suffix (SALF), a width slice (HeteroFL)
     shape: WorkShape = FULL
+    # the task's learning rate is train.lr × lr_scale (a schedule over rounds, e.g. CIS's
+    # cosine annealing); executors batch together only tasks of equal scale
+    lr_scale: float = 1.0
 
 
 @dataclass(eq=False, slots=True)

@@ -10,6 +10,10 @@ from fedclock.config import (
     AsyncFLOptions,
     AsyncIdenticalOptions,
     AsyncTimeBasedOptions,
+    CisBalancedOptions,
+    CisEqualOptions,
+    CisFlopsOptions,
+    CisServingOptions,
     DropStragglersOptions,
     FedAsyncOptions,
     FedAvgOptions,
@@ -37,6 +41,7 @@ from fedclock.strategies.asynchronous import (
     build_async,
 )
 from fedclock.strategies.base import BuildInfo, Strategy
+from fedclock.strategies.cis import build_cis
 from fedclock.strategies.fedraa import build_fedraa
 from fedclock.strategies.planners import LocalSGDPlanner, local_sgd_plan
 from fedclock.strategies.salf import build_salf_family
@@ -233,6 +238,30 @@ STRATEGIES: dict[str, StrategySpec] = {
             "AsyncFL (SALF's baseline): a straggler of depth l sends a stale full update every 2l rounds",
             _salf("asyncfl"),
             AsyncFLOptions,
+        ),
+        StrategySpec(
+            "cis-equal",
+            "CIS (Kaplan et al.): early exits trained across a tree of devices, Λ̃_e = 1/E",
+            build_cis,
+            CisEqualOptions,
+        ),
+        StrategySpec(
+            "cis-flops",
+            "CIS with Λ̃_e ∝ FLOPs up to exit e (FLOPS Prop; the authors' ramp by default)",
+            build_cis,
+            CisFlopsOptions,
+        ),
+        StrategySpec(
+            "cis-serving",
+            "CIS with Λ̃_e = Λ_e, the rate served at exit e (Serving Rate)",
+            build_cis,
+            CisServingOptions,
+        ),
+        StrategySpec(
+            "cis-balanced",
+            "CIS with Balanced Adj: ½(serving rate + inverse gradient variance), the authors' formula",
+            build_cis,
+            CisBalancedOptions,
         ),
     ]
 }

@@ -126,3 +126,4 @@ class BuildInfo:
     model: Any = None  # the initial model (SALF: state-dict tensors, HeteroFL slicing)
     layers: tuple[Any, ...] = ()  # fedclock.models.layer_view(model)
     population: Population | None = None  # SALF's deadline scenario: exact p_l
+    train: tuple[Any, Any] | None = None  # the training inputs and labels (CIS: σ_e)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from fedclock.devices.topology import Tree
 from fedclock.sim.types import ModelVersion
 
 
@@ -38,6 +40,99 @@ class Evaluator:
             loss += float(F.cross_entropy(logits, yb, reduction="sum"))
             correct += int((logits.argmax(1) == yb).sum())
         return correct / n, loss / n
+
+
+def cis_route(tree: Tree, entropy: np.ndarray, correct: np.ndarray) -> tuple[float, np.ndarray]:
+    """Routed inference in a collaborative inference system (specs/reference-implementations.md
+    §3.5): every node with arrivals receives each test point with mass λ^a_i / N; going from
+    the leaves to the root, a node sorts the points it holds from its exit's lowest normalised
+    entropy up, serves the shortest prefix whose mass reaches its served rate λ^s_i (the last
+    point split), and forwards the rest to its parent (the root serves all it receives).
+
+    ``entropy`` and ``correct`` are (E, N): each exit's normalised entropy and top-1 hit per
+    test point. Returns (CIS accuracy = Σ served mass × hit / total mass, mass served at each
+    exit as a share of the total).
+    """
+    n_exits, n = entropy.shape
+    _, served_rate = tree.rates()
+    forwarded = np.zeros((tree.size, n))
+    hits = 0.0
+    per_exit = np.zeros(n_exits)
+    total = float(sum(tree.arrival))
+    for i in tree.order():
+        mass = np.full(n, tree.arrival[i] / n)
+        for j in tree.children(i):
+            mass += forwarded[j]
+        e = tree.exit[i] - 1
+        rate = float(mass.sum()) if tree.parent[i] < 0 else float(served_rate[i])
+        order = np.argsort(entropy[e], kind="stable")
+        m = mass[order]
+        before = np.cumsum(m) - m  # mass ahead of each point
+        take = np.clip(rate - before, 0.0, m)
+        served = np.zeros(n)
+        served[order] = take
+        forwarded[i] = mass - served
+        hits += float((served * correct[e]).sum())
+        per_exit[e] += float(served.sum())
+    return hits / total, per_exit / total
+
+
+class ExitEvaluator:
+    """Test metrics of an early-exit network (``(B, E, C)`` logits): accuracy and loss of the
+    last exit (``test_accuracy``, ``test_loss``), each exit's accuracy (``exit<e>_accuracy``)
+    and, with a ``tree``, the routed CIS accuracy (:func:`cis_route`: ``cis_accuracy``)."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # a cache of the last version only
+
+    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_exits: int,
+                 tree: Tree | None = None, batch_size: int = 2048,
+                 device: torch.device | str = "cpu") -> None:  # fmt: skip
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.x = x.to(self.device)
+        self.y = y.to(self.device)
+        self.tree = tree
+        self.batch_size = batch_size
+        self.num_exits = num_exits
+        self.columns = (
+            *(f"exit{e}_accuracy" for e in range(1, num_exits + 1)),
+            *(("cis_accuracy",) if tree is not None else ()),
+        )
+        self._cache: tuple[ModelVersion, dict[str, float]] | None = None
+
+    @torch.no_grad()
+    def _measure(self, version: ModelVersion) -> dict[str, float]:
+        if self._cache is not None and self._cache[0] is version:
+            return self._cache[1]
+        self.model.eval()
+        state = {**version.params, **version.buffers}
+        n = len(self.y)
+        ent = np.zeros((self.num_exits, n))
+        hit = np.zeros((self.num_exits, n))
+        loss = 0.0
+        for i in range(0, n, self.batch_size):
+            xb, yb = self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
+            logits = functional_call(self.model, state, (xb,)).double()  # (B, E, C)
+            logp = F.log_softmax(logits, -1)
+            h = -(logp.exp() * logp).sum(-1) / math.log(logits.shape[-1])  # normalised entropy
+            ent[:, i : i + len(yb)] = h.T.cpu().numpy()
+            hit[:, i : i + len(yb)] = (logits.argmax(-1) == yb[:, None]).T.cpu().numpy()
+            loss += float(F.nll_loss(logp[:, -1], yb, reduction="sum"))
+        out = {f"exit{e + 1}_accuracy": float(hit[e].mean()) for e in range(self.num_exits)}
+        out["test_loss"] = loss / n
+        if self.tree is not None:
+            out["cis_accuracy"] = cis_route(self.tree, ent, hit)[0]
+        self._cache = (version, out)
+        return out
+
+    def __call__(self, version: ModelVersion) -> tuple[float, float]:
+        m = self._measure(version)
+        return m[f"exit{self.num_exits}_accuracy"], m["test_loss"]
+
+    def more(self, version: ModelVersion) -> dict[str, float]:
+        """The extra metrics.csv columns (:attr:`columns`) of ``version``."""
+        m = self._measure(version)
+        return {k: m[k] for k in self.columns}
 
 
 class ClientLossEvaluator:

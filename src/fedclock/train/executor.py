@@ -291,7 +291,10 @@ class SerialExecutor:
         load_version(model, task.base)
         model.train()
         opt = torch.optim.SGD(
-            model.parameters(), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
+            model.parameters(),
+            lr=self.lr * task.plan.lr_scale,
+            momentum=self.momentum,
+            weight_decay=self.weight_decay,
         )
         idx = self.data.indices[task.client]
         total = 0.0
@@ -328,6 +331,7 @@ class SerialExecutor:
         grads: dict[str, torch.Tensor],
         views: Mapping[str, tuple[slice, ...]] | None = None,
         base: Mapping[str, torch.Tensor] | None = None,
+        lr_scale: float = 1.0,
     ) -> None:
         # per client: kept across tasks (persistent_momentum) or reset at each task's start
         bufs = self.momentum_store.setdefault(client, {})
@@ -355,7 +359,7 @@ class SerialExecutor:
                     else:
                         b.mul_(self.momentum).add_(g)
                     g = b
-                p.sub_(self.lr * g)
+                p.sub_(self.lr * lr_scale * g)
 
     def _run_program(self, task: Task, prog: Program) -> Contribution:
         """A task that trains ``prog.trains`` of the model (a layer suffix: the prefix is frozen)."""
@@ -377,7 +381,9 @@ class SerialExecutor:
         for local in steps:
             rows = idx[local].to(self.device)
             grads, loss = suffix_grads(model, trains, self._x[rows], self._y[rows], loss_fn)
-            self._step(task.client, params, grads, base=task.base.params)
+            self._step(
+                task.client, params, grads, base=task.base.params, lr_scale=task.plan.lr_scale
+            )
             with torch.no_grad():  # outside its fragment the model stays 0
                 for n, m in masks.items():
                     params[n].mul_(m)
@@ -430,7 +436,7 @@ class SerialExecutor:
                 grads = torch.autograd.grad(loss, [sub[n] for n in self._names])
                 self._step(
                     task.client, sub, dict(zip(self._names, grads, strict=True)), views,
-                    base=task.base.params,
+                    base=task.base.params, lr_scale=task.plan.lr_scale,
                 )  # fmt: skip
                 total += float(loss.detach())
         finally:

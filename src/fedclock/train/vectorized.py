@@ -249,6 +249,7 @@ class VectorizedExecutor:
         self.weight_decay = weight_decay
         self.loss: Loss = loss if loss is not None else CrossEntropy()
         self._block_loss: Loss = self.loss  # the running block's (a Program may bring its own)
+        self._block_lr = lr  # the running block's learning rate (train.lr × its tasks' lr_scale)
         self.proximal_mu = proximal_mu
         self.max_batch_clients = max_batch_clients
         if block_bytes is None:
@@ -353,7 +354,8 @@ class VectorizedExecutor:
 
     def run(self, tasks: Sequence[Task]) -> list[Contribution]:
         out: list[Contribution | None] = [None] * len(tasks)
-        groups: dict[tuple[int, Hashable], list[int]] = {}  # batch size, work shape's key
+        # batch size, work shape's key, learning-rate scale
+        groups: dict[tuple[int, Hashable, float], list[int]] = {}
         for i, task in enumerate(tasks):
             shape = task.plan.shape
             # a shape without a program is refused here, not run serially
@@ -363,7 +365,7 @@ class VectorizedExecutor:
                 self._log_once(reason)
                 out[i] = self._serial_executor().run_one(task)
                 continue
-            groups.setdefault((task.plan.batch_size, key), []).append(i)
+            groups.setdefault((task.plan.batch_size, key, task.plan.lr_scale), []).append(i)
         for members in groups.values():
             if len(members) < self.min_block:  # vmap's overhead does not pay for one client
                 for i in members:
@@ -483,6 +485,7 @@ class VectorizedExecutor:
             rows = rows.clamp(min=0)
 
         shape = tasks[0].plan.shape
+        self._block_lr = self.lr * tasks[0].plan.lr_scale
         self._block_loss = self.loss
         self._block_masks: list[tuple[int, torch.Tensor]] = []
         if shape is FULL:
@@ -573,7 +576,7 @@ class VectorizedExecutor:
         n_clients: int, stats: Params | None = None,
         base_params: list[torch.Tensor] | None = None,
     ) -> None:  # fmt: skip
-        lr, mu, wd, prox = self.lr, self.momentum, self.weight_decay, self.proximal_mu
+        lr, mu, wd, prox = self._block_lr, self.momentum, self.weight_decay, self.proximal_mu
         for s in range(n_steps):
             k = active[s]
             r = rows[:k, s]

@@ -1,0 +1,400 @@
+"""Federated training of an early-exit network for collaborative inference (CIS; Kaplan et
+al., Algorithm 1; docs/methods/cis.md, specs/cis.md and reference-implementations.md §3).
+
+- :func:`p_matrix` — which exit each node trains (node collaboration ε);
+- :func:`lambda_tilde` — the aggregation weights Λ̃ of the four strategies (Equal Weight,
+  FLOPS Prop, Serving Rate, Balanced Adj as the authors' code computes it);
+- :func:`gradient_variance` — σ_e for Balanced Adj when the config does not give it;
+- :func:`cosine_lr_scale` — the paper's per-round cosine annealing;
+- :class:`ExitWork` (Planner: each round every node draws an exit e ~ p_i and trains
+  :class:`~fedclock.models.shapes.Exit` ``(e)``), :class:`CisAggregator` (the server update
+  of Algorithm 1, or the authors' code in ``reference`` mode), :func:`build_cis`.
+
+The rounds are :class:`~fedclock.strategies.triggers.SyncRounds` over every node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+from torch.func import functional_call, grad, vmap
+
+from fedclock.config import (
+    CisBalancedOptions,
+    CisEqualOptions,
+    CisFlopsOptions,
+    CisServingOptions,
+)
+from fedclock.devices.cost import TaskCost
+from fedclock.devices.topology import Tree, build_tree
+from fedclock.errors import ConfigError
+from fedclock.models.early_exit import EarlyExitNet, ExitInfo, exit_view
+from fedclock.models.shapes import Exit, Layout, build_units
+from fedclock.sim.simulator import Context
+from fedclock.sim.types import Contribution, ModelVersion, TaskPlan
+from fedclock.strategies.base import BuildInfo, Strategy, Work
+from fedclock.strategies.planners import local_sgd_plan
+from fedclock.strategies.triggers import SyncRounds
+from fedclock.train.local import Needs
+
+if TYPE_CHECKING:
+    from fedclock.config import ExperimentConfig
+
+Floats = Sequence[float] | np.ndarray
+
+STRATEGY_WEIGHTS = {
+    "cis-equal": "equal",
+    "cis-flops": "flops",
+    "cis-serving": "serving",
+    "cis-balanced": "balanced",
+}
+
+
+# ----------------------------------------------------------------------------- the math
+def p_matrix(tree: Tree, epsilon: float, rule: str = "paper") -> np.ndarray:
+    """p_{i,e} (nodes × exits): the probability that node i trains exit e in a round.
+
+    ``paper`` (§4, node collaboration): ε for every e < E_i and 1 − (E_i − 1)·ε for E_i;
+    ``code`` (the authors' --sampled-probability): ε in total, spread evenly over the
+    lower exits, ε/(E_i − 1) each, and 1 − ε for E_i. Exits above E_i: 0.
+    """
+    p = np.zeros((tree.size, tree.exits))
+    for i, top in enumerate(tree.exit):
+        lower = top - 1
+        each = (epsilon / lower if rule == "code" else epsilon) if lower else 0.0
+        own = 1.0 - lower * each
+        if own < -1e-12:
+            raise ConfigError(
+                f"strategy.epsilon {epsilon:g} is too large: node {i} holds {top} exits, so "
+                f"its own exit would get probability {own:.3g} (need ε ≤ {1 / lower:.3g})."
+            )
+        p[i, :lower] = each
+        p[i, top - 1] = max(0.0, own)
+    return p
+
+
+def flops_weights(ratio: Floats, t: int, rounds: int | None) -> np.ndarray:
+    """FLOPS Prop: Λ̃_e ∝ r_e, or with the authors' ramp ∝ min(r_e, (t+1)/T) at round t
+    (0-based) of T (equal weights at first, FLOPs-proportional by the last round)."""
+    r = np.asarray(ratio, dtype=float)
+    if rounds is not None:
+        r = np.minimum(r, (t + 1) / rounds)
+    return r / r.sum()
+
+
+def balanced_weights(serving: Floats, sigma: Floats, tree: Tree, sizes: Floats) -> np.ndarray:
+    """Balanced Adj as the authors' code computes it (reference-implementations.md §3.3):
+    Λ̃_e = ½·(Λ_e/ΣΛ + o_e/Σo), o_e = 1/(σ_e² · Σ_{i: E_i = e} (|S_i|/|S_e|)²), with S_e the
+    data of the nodes whose deepest exit is e and σ_e the average point-wise gradient
+    variance of exit e."""
+    s = np.asarray(serving, dtype=float)
+    sig = np.asarray(sigma, dtype=float)
+    if len(sig) != tree.exits:
+        raise ConfigError(
+            f"strategy.sigma gives {len(sig)} values but the tree has {tree.exits} exits."
+        )
+    o = np.zeros(tree.exits)
+    for e in range(1, tree.exits + 1):
+        nodes = tree.at_exit(e)
+        total = float(sum(sizes[i] for i in nodes))
+        concentration = sum((sizes[i] / total) ** 2 for i in nodes) if total > 0 else 1.0
+        o[e - 1] = 1.0 / (sig[e - 1] ** 2 * concentration)
+    w = 0.5 * (s / s.sum() + o / o.sum())
+    return w / w.sum()
+
+
+def lambda_tilde(
+    kind: str, *, serving: Floats, t: int = 0, rounds: int | None = None,
+    flops_ratio: Floats | None = None, sigma: Floats | None = None,
+    tree: Tree | None = None, sizes: Floats | None = None,
+) -> np.ndarray:  # fmt: skip
+    """Λ̃ (one weight per exit, summing to 1) of strategy ``kind`` at round ``t``."""
+    n = len(serving)
+    if kind == "equal":
+        return np.full(n, 1.0 / n)
+    if kind == "serving":
+        s = np.asarray(serving, dtype=float)
+        return s / s.sum()
+    if kind == "flops":
+        assert flops_ratio is not None
+        return flops_weights(flops_ratio, t, rounds)
+    if kind == "balanced":
+        assert sigma is not None and tree is not None and sizes is not None
+        return balanced_weights(serving, sigma, tree, sizes)
+    raise ValueError(f"unknown Λ̃ strategy {kind!r}")
+
+
+def cosine_lr_scale(t: int, rounds: int | None, lr: float, lr_min: float) -> float:
+    """lr_t / lr for round t of T under cosine annealing to ``lr_min`` (torch's
+    CosineAnnealingLR with T_max = T, stepped once per round)."""
+    if rounds is None or rounds <= 0 or lr <= 0:
+        return 1.0
+    lr_t = lr_min + (lr - lr_min) * (1 + math.cos(math.pi * min(t, rounds) / rounds)) / 2
+    return lr_t / lr
+
+
+def gradient_variance(
+    model: EarlyExitNet, x: torch.Tensor, y: torch.Tensor, info: ExitInfo
+) -> np.ndarray:
+    """σ_e for each exit: the variance over samples of each per-sample gradient element of
+    exit e's loss with respect to the parameters exit e uses, averaged over those elements
+    ("average point-wise gradient variance", the paper's Table 3), at the model given."""
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    out = []
+    for e in range(1, model.num_exits + 1):
+        own = info.params[e - 1]
+
+        def loss(sub: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor,
+                 e: int = e) -> torch.Tensor:  # fmt: skip
+            logits = functional_call(model, {**params, **buffers, **sub}, (xi[None],))
+            return torch.nn.functional.cross_entropy(logits[:, e - 1], yi[None])
+
+        sub = {n: params[n] for n in own}
+        was = model.training
+        model.eval()
+        try:
+            g = vmap(grad(loss), in_dims=(None, 0, 0))(sub, x, y)
+        finally:
+            model.train(was)
+        flat = torch.cat([v.reshape(len(x), -1) for v in g.values()], 1).double()
+        out.append(float(flat.var(0, unbiased=True).mean()))
+    return np.asarray(out)
+
+
+# ----------------------------------------------------------------------------- planner
+class ExitWork:
+    """Algorithm 1, lines 3–6: each round every node i draws one exit e ~ p_i (stream
+    ``("cis-exit", round)``) and runs J local steps on exit e's loss from the global model
+    (the work shape :class:`Exit` ``(e, E_i)``), at the round's learning rate."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # (_plans is a cache)
+
+    def __init__(
+        self, *, tree: Tree, p: np.ndarray, layout: Layout, client_sizes: np.ndarray,
+        batch_size: int, local_epochs: float | None, local_steps: int | None,
+        lr_scale: Any,
+    ) -> None:  # fmt: skip
+        self.tree, self.p, self.layout = tree, p, layout
+        self.lr_scale = lr_scale  # round → factor of train.lr
+        self._plans = [
+            local_sgd_plan(int(n), batch_size, local_epochs=local_epochs, local_steps=local_steps)
+            for n in client_sizes
+        ]
+
+    def draw(self, ctx: Context, r: int) -> np.ndarray:
+        """Exit (1-based) of every node in round r."""
+        u = ctx.rng("cis-exit", r).random(self.tree.size)
+        cdf = np.cumsum(self.p, axis=1)
+        return 1 + np.minimum((u[:, None] >= cdf).sum(1), self.tree.exits - 1)
+
+    def _work(self, client: int, e: int, scale: float) -> tuple[TaskPlan, TaskCost]:
+        base = self._plans[client]
+        shape = Exit(int(e), self.tree.exit[client])
+        plan = TaskPlan(base.local_steps, base.batch_size, base.samples, base.epochs, shape,
+                        lr_scale=scale)  # fmt: skip
+        return plan, shape.cost(self.layout, plan.samples)
+
+    def assign(self, ctx: Context, r: int, clients: np.ndarray) -> list[Work]:
+        exits = self.draw(ctx, r)
+        scale = float(self.lr_scale(r))
+        return [Work(*self._work(int(c), int(exits[c]), scale)) for c in clients]
+
+    def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
+        """The node's nominal task: its own (deepest) exit."""
+        return self._work(client, self.tree.exit[client], 1.0)
+
+
+# ----------------------------------------------------------------------------- aggregator
+class CisAggregator:
+    """The server update of Algorithm 1 (line 8), η_s = ``server_lr``:
+
+        w ← w + η_s · Σ_{(i,e)} Λ̃_e · |S_i| / |S_{e,p}| · Δ_{i,e} / p_{i,e}
+
+    with S_{e,p} the data of every node that may train exit e (p_{i,e} > 0); Δ is zero
+    outside the part a task trained; Π_W is the identity (W = ℝ^d). Floating-point buffers
+    (BatchNorm statistics) move by the same rule; integer ones are the deepest task's.
+
+    ``reference`` (the authors' code, reference-implementations.md §3.4): the root's model is
+    the server's, trained in place; every other node's difference to it is added with
+    weight Λ̃_e·|S_i|/|S_{e,p}|·p_{i,e} (p multiplied), so the root absorbs the leftover
+    weight of each tensor; the heads of the exits below the root's stay as the root has
+    them (its update of them is never overwritten, the others' are dropped).
+    """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self, *, tree: Tree, p: np.ndarray, sizes: np.ndarray, weights: Any, server_lr: float,
+        mode: str, head_params: Sequence[Sequence[str]],
+    ) -> None:  # fmt: skip
+        self.tree, self.p, self.server_lr, self.mode = tree, p, server_lr, mode
+        self.weights = weights  # round → Λ̃ (one per exit)
+        self.sizes = np.asarray(sizes, dtype=float)
+        # |S_{e,p}|: data of the nodes that may train exit e
+        self.pool = np.array([self.sizes[p[:, e] > 0].sum() for e in range(p.shape[1])])
+        self.root = tree.parent.index(-1)
+        self.lower_heads = frozenset(n for names in head_params[:-1] for n in names)
+
+    def coefficient(self, t: int, client: int, e: int) -> float:
+        """Λ̃_e·|S_i|/|S_{e,p}| divided (paper) or multiplied (reference) by p_{i,e}."""
+        lam = float(self.weights(t)[e - 1])
+        share = lam * self.sizes[client] / self.pool[e - 1]
+        p = float(self.p[client, e - 1])
+        return share * p if self.mode == "reference" else share / p
+
+    def aggregate(
+        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
+    ) -> ModelVersion:
+        t = base.version
+        coef = {}
+        for c in contributions:
+            shape = c.task.plan.shape
+            assert isinstance(shape, Exit)
+            coef[id(c)] = self.coefficient(t, c.client, shape.exit)
+            c.weight = coef[id(c)]
+        if self.mode == "reference":
+            params, buffers = self._reference(base, contributions, coef)
+        else:
+            params, buffers = self._paper(base, contributions, coef)
+        if self.server_lr != 1.0:
+            params = {n: base.params[n] + self.server_lr * (v - base.params[n])
+                      for n, v in params.items()}  # fmt: skip
+        return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
+
+    def _paper(
+        self, base: ModelVersion, contributions: Sequence[Contribution], coef: dict[int, float]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        params = {}
+        for n, w in base.params.items():
+            acc = w.clone()
+            for c in contributions:
+                if c.covers(n) is not False:
+                    acc.add_(c.delta[n], alpha=coef[id(c)])
+            params[n] = acc
+        return params, self._buffers(base, contributions, coef, reference=False)
+
+    def _reference(
+        self, base: ModelVersion, contributions: Sequence[Contribution], coef: dict[int, float]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        roots = [c for c in contributions if c.client == self.root]
+        root = roots[0] if roots else None
+        params = {}
+        for n, w in base.params.items():
+            d_root = root.delta[n] if root is not None and root.covers(n) is not False else None
+            acc = w.clone() if d_root is None else w + d_root  # the root's model
+            if n not in self.lower_heads:
+                for c in contributions:
+                    if c is root or c.covers(n) is False:
+                        continue
+                    diff = c.delta[n] if d_root is None else c.delta[n] - d_root
+                    acc.add_(diff, alpha=coef[id(c)])
+            params[n] = acc
+        return params, self._buffers(base, contributions, coef, reference=True)
+
+    def _buffers(
+        self, base: ModelVersion, contributions: Sequence[Contribution], coef: dict[int, float],
+        *, reference: bool,
+    ) -> dict[str, torch.Tensor]:  # fmt: skip
+        if not base.buffers:
+            return {}
+        deepest = max(contributions, key=lambda c: c.task.plan.shape.exit, default=None)  # type: ignore[attr-defined]
+        roots = [c for c in contributions if c.client == self.root]
+        out = {}
+        for n, b in base.buffers.items():
+            if not b.is_floating_point():
+                out[n] = deepest.buffers[n].clone() if deepest is not None else b.clone()
+                continue
+            start = roots[0].buffers[n] if reference and roots else b
+            acc = start.clone()
+            for c in contributions:
+                if reference and roots and c is roots[0]:
+                    continue
+                d = c.buffers[n] - start
+                if bool(d.any()):
+                    acc.add_(d, alpha=coef[id(c)])
+            out[n] = acc
+        return out
+
+
+# ----------------------------------------------------------------------------- builder
+def build_cis(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
+    """cis-equal / cis-flops / cis-serving / cis-balanced: Algorithm 1 over the cis tree."""
+    s = cfg.strategy
+    assert isinstance(s, CisEqualOptions | CisFlopsOptions | CisServingOptions | CisBalancedOptions)
+    tree = build_tree(cfg.cis)
+    model = info.model
+    if tree is None or not isinstance(model, EarlyExitNet):
+        raise ConfigError(f"Strategy {s.name!r} needs cis.tree and an early-exit model.")
+    if model.num_exits != tree.exits:
+        raise ConfigError(
+            f"The model has {model.num_exits} exits but the cis tree's root holds {tree.exits}."
+        )
+    exits = exit_view(model, tuple(model.input_shape))
+    layout = Layout.of(model, build_units(model, info.layers, "paper"), info.model_bytes,
+                       exits=exits)  # fmt: skip
+    p = p_matrix(tree, s.epsilon, s.p_rule)
+    sizes = np.asarray(info.client_sizes, dtype=float)
+    serving = tree.serving_rates()
+    rounds = cfg.budget.aggregations
+    kind = STRATEGY_WEIGHTS[s.name]
+    if kind == "balanced":
+        assert isinstance(s, CisBalancedOptions)
+        if s.sigma is not None:
+            sigma = np.asarray(s.sigma)
+        else:
+            if info.train is None:
+                raise ConfigError("cis-balanced needs strategy.sigma or the training data.")
+            x, y = info.train
+            g = torch.Generator().manual_seed(cfg.seed)
+            pick = torch.randperm(len(y), generator=g)[: s.sigma_samples]
+            sigma = gradient_variance(model, x[pick], y[pick], exits)
+        fixed = balanced_weights(serving, sigma, tree, sizes)
+        weights: Any = lambda t: fixed  # noqa: E731
+    elif kind == "flops":
+        assert isinstance(s, CisFlopsOptions)
+        ramp_rounds = rounds if s.flops_ramp else None
+        ratio = exits.flops_ratio
+        weights = lambda t: flops_weights(ratio, t, ramp_rounds)  # noqa: E731
+    else:
+        fixed = lambda_tilde(kind, serving=serving)
+        weights = lambda t: fixed  # noqa: E731
+    lr = cfg.train.lr
+    if s.lr_schedule == "cosine":
+        lr_scale: Any = lambda r: cosine_lr_scale(r, rounds, lr, s.lr_min)  # noqa: E731
+    else:
+        lr_scale = lambda r: 1.0  # noqa: E731
+    work = ExitWork(
+        tree=tree, p=p, layout=layout, client_sizes=info.client_sizes,
+        batch_size=cfg.train.batch_size, local_epochs=cfg.train.local_epochs,
+        local_steps=cfg.train.local_steps, lr_scale=lr_scale,
+    )  # fmt: skip
+    heads = [
+        tuple(n for n in exits.params[e] if n.startswith(f"heads.{e}.")) for e in range(tree.exits)
+    ]
+    aggregator = CisAggregator(
+        tree=tree, p=p, sizes=sizes, weights=weights, server_lr=s.server_lr, mode=s.mode,
+        head_params=heads,
+    )  # fmt: skip
+    return Strategy(
+        name=s.name, planner=work, trigger=SyncRounds(work=work), aggregator=aggregator,
+        needs=Needs(shapes=frozenset({Exit}), layout=layout,
+                    momentum_per_client=s.mode == "reference", synchronous=True),
+    )  # fmt: skip
+
+
+__all__ = [
+    "CisAggregator",
+    "ExitWork",
+    "balanced_weights",
+    "build_cis",
+    "cosine_lr_scale",
+    "flops_weights",
+    "gradient_variance",
+    "lambda_tilde",
+    "p_matrix",
+]
