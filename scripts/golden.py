@@ -78,6 +78,13 @@ CASES: dict[str, dict[str, Any]] = {
     "asyncfl-paper": {"strategy.name": "asyncfl", **_SALF},
     "asyncfl-reference": {"strategy.name": "asyncfl", "salf.mode": "reference", **_SALF},
     "cis-serving": {"strategy.name": "cis-serving", **_CIS},
+    "cis-equal-code-p": {
+        "strategy.name": "cis-equal",
+        "strategy.epsilon": 0.2,
+        "strategy.p_rule": "code",
+        "strategy.lr_schedule": "constant",
+        **_CIS,
+    },
     "cis-flops-epsilon": {"strategy.name": "cis-flops", "strategy.epsilon": 0.2, **_CIS},
     "cis-balanced-reference": {
         "strategy.name": "cis-balanced",

@@ -395,3 +395,25 @@ def test_lr_scale_is_the_tasks_learning_rate(tmp_path) -> None:
 
 def test_build_tree_none_without_a_tree() -> None:
     assert build_tree(SimpleNamespace(tree=None)) is None
+
+
+def test_cli_run_and_exit_plot(tmp_path) -> None:
+    """A new user's path: a CIS config from the CLI, then the per-exit plot of the run."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from fedclock.cli import app
+
+    cfg = tmp_path / "cis.yaml"
+    cfg.write_text(yaml.safe_dump(_cis_raw(budget={"aggregations": 2})))
+    runner = CliRunner()
+    res = runner.invoke(app, ["run", str(cfg), "--out", str(tmp_path / "run"), "-q"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["plot", str(tmp_path / "run"), "--metric", "exits"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "run" / "exits.png").stat().st_size > 0
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "metrics.csv").write_text("virtual_time,aggregation,test_accuracy\n0,0,0.1\n")
+    res = runner.invoke(app, ["plot", str(plain), "--metric", "exits"])
+    assert res.exit_code != 0 and "no exit columns" in res.output

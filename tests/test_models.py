@@ -39,6 +39,11 @@ def arch_shape(arch: str) -> tuple[int, ...]:
     return MNIST
 
 
+def arch_kw(arch: str) -> dict:
+    """Fields an architecture needs beyond the defaults (``ee_cnn``: three channel counts)."""
+    return {"channels": (4, 4, 8)} if arch == "ee_cnn" else {}
+
+
 def arch_input(arch: str, batch: int, classes: int) -> torch.Tensor:
     shape = arch_shape(arch)
     if arch == "lstm":  # the vocabulary is the label set
@@ -84,9 +89,14 @@ def test_salf_authors_cnn_shape() -> None:
 
 @pytest.mark.parametrize("arch", MODEL_ARCHS)
 def test_every_arch_returns_logits_on_its_input(arch: str) -> None:
-    model = build_model(arch, input_shape=arch_shape(arch), num_classes=7, seed=0, vgg_width=0.25)
+    model = build_model(
+        arch, input_shape=arch_shape(arch), num_classes=7, seed=0, vgg_width=0.25,
+        **arch_kw(arch),
+    )  # fmt: skip
     out = model(arch_input(arch, 3, 7))
-    assert out.shape == (3, 7) and out.dtype == torch.float32
+    # an early-exit network returns every exit's logits
+    want = (3, 3, 7) if arch.startswith("ee_") else (3, 7)
+    assert out.shape == want and out.dtype == torch.float32
     assert model.input_dtype == (torch.int64 if arch == "lstm" else torch.float32)
 
 
@@ -94,7 +104,7 @@ def test_every_arch_returns_logits_on_its_input(arch: str) -> None:
 def test_seed_gives_identical_parameters_and_leaves_global_rng(arch: str) -> None:
     torch.manual_seed(1234)
     state = torch.get_rng_state()
-    kw = {"input_shape": arch_shape(arch), "num_classes": 10, "vgg_width": 0.25}
+    kw = {"input_shape": arch_shape(arch), "num_classes": 10, "vgg_width": 0.25, **arch_kw(arch)}
     a = build_model(arch, seed=7, **kw)  # type: ignore[arg-type]
     assert torch.equal(torch.get_rng_state(), state)
     b = build_model(arch, seed=7, **kw)  # type: ignore[arg-type]
@@ -118,7 +128,7 @@ def test_unknown_arch_is_one_line_config_error() -> None:
         build_model("resnet", input_shape=MNIST, num_classes=10)
     assert str(info.value) == (
         "model.arch 'resnet' is unknown; allowed: cnn, fraboni_cnn, logreg, lstm, mlp, "
-        "vgg11, vgg13, vgg16, vgg19."
+        "vgg11, vgg13, vgg16, vgg19, ee_cnn, ee_resnet18."
     )
     assert "\n" not in str(info.value)
 

@@ -1,3 +1,3 @@
 """fedclock — federated learning on slow, busy and unreliable devices, on a virtual clock."""
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
