@@ -730,6 +730,11 @@ def plot(
                     raise DataError(f"--until must be a positive virtual time, got {until:g}.")
                 keep = metrics["virtual_time"] <= until
                 metrics = {k: v[keep] for k, v in metrics.items()}
+            if metric == "exits" and d.name.startswith("seed-") and summary.is_file():
+                # a comparison's or sweep's cell: its seeds make one line (mean ± std)
+                label = f"{s.get('strategy', d.parent.name)} · {d.parent.name}"
+                groups.setdefault(label, []).append(metrics)
+                continue
             groups[label] = [metrics]
         if metric == "exits":
             path = plot_exits(groups, out or run_dirs[0] / "exits.png")
