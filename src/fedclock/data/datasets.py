@@ -18,7 +18,8 @@ train and test sets. Splits and synthetic draws come from
   :mod:`fedclock.data.shakespeare` and :class:`TextSpec`.
 - ``synthetic``: a Gaussian mixture, see :class:`SyntheticSpec` (flat features,
   or image-shaped samples with ``image_shape``); split (stratified) by
-  ``test_fraction`` and standardised like ``digits``.
+  ``test_fraction`` and standardised like ``digits``, generated in float32 straight
+  into the returned tensors (no float64 or second copy of the samples).
 
 ``max_train`` keeps only the first ``max_train`` training samples and
 ``max_test`` the first ``max_test`` test samples (any dataset; Shakespeare keeps
@@ -40,7 +41,7 @@ from fedclock.data.dataset import Dataset, data_root
 from fedclock.data.idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, read_idx
 from fedclock.data.shakespeare import TextSpec, load_shakespeare
 from fedclock.errors import ConfigError, DataError
-from fedclock.rng import stream
+from fedclock.rng import stream, torch_generator
 
 __all__ = [
     "DATASET_NAMES",
@@ -195,7 +196,16 @@ def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
 def _split(
     x: np.ndarray, y: np.ndarray, seed: int, test_fraction: float, what: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Stratified train/test split drawn from ``stream(seed, "data-split")``.
+    """Stratified train/test split of ``(x, y)``: see :func:`_split_indices`."""
+    tr, te = _split_indices(y, seed, test_fraction, what)
+    return x[tr], x[te], y[tr], y[te]
+
+
+def _split_indices(
+    y: np.ndarray, seed: int, test_fraction: float, what: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified train/test split of the labels ``y``, drawn from ``stream(seed, "data-split")``:
+    the train and the test samples' indices.
 
     The test set has ``ceil(test_fraction * N)`` samples (scikit-learn's rounding),
     shared among classes in proportion to their sizes (largest remainder), with
@@ -229,7 +239,7 @@ def _split(
         train_parts.append(members[take[k] :])
     tr = rng.permutation(np.concatenate(train_parts))
     te = rng.permutation(np.concatenate(test_parts))
-    return x[tr], x[te], y[tr], y[te]
+    return tr, te
 
 
 def _standardise(x_tr: np.ndarray, x_te: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -269,20 +279,63 @@ def _load_digits(seed: int, test_fraction: float) -> Dataset:
     return Dataset("digits", xt_tr, yt_tr, xt_te, yt_te, num_classes=10, input_shape=shape)
 
 
+_ROWS = 2048  # rows per chunk of the synthetic generator's in-place passes
+
+
 def _load_synthetic(seed: int, test_fraction: float, spec: SyntheticSpec) -> Dataset:
+    """The Gaussian mixture, generated in float32 straight into its final tensors.
+
+    The class means and labels come from ``stream(seed, "data-synthetic")`` and are split
+    first; then each set's samples are drawn in that set's order (the train set's, then the
+    test set's) by ``torch.randn`` from ``torch_generator(seed, "data-synthetic")``, one
+    float32 tensor per set (samples are i.i.d. given their label, so this is the same
+    distribution as drawing them all and splitting). The class means are added and the train
+    split's scalar mean and standard deviation taken out in place, in chunks of rows, so no
+    float64 or second copy of the samples is ever made.
+    """
     rng = stream(seed, "data-synthetic")
     shape = spec.sample_shape
     n, d, c = spec.num_samples, math.prod(shape), spec.num_classes
     directions = rng.standard_normal((c, d))
     norms = np.linalg.norm(directions, axis=1, keepdims=True)
-    means = spec.separation * directions / np.where(norms > 0, norms, 1.0)
+    means = (spec.separation * directions / np.where(norms > 0, norms, 1.0)).astype(np.float32)
     y = rng.permutation(np.arange(n) % c).astype(np.int64)
-    x = means[y] + rng.standard_normal((n, d))
-    x_tr, x_te, y_tr, y_te = _split(x, y, seed, test_fraction, "the synthetic dataset")
-    x_tr, x_te = _standardise(x_tr, x_te)
-    xt_tr, yt_tr = _tensors(x_tr.reshape(-1, *shape), y_tr)
-    xt_te, yt_te = _tensors(x_te.reshape(-1, *shape), y_te)
-    return Dataset("synthetic", xt_tr, yt_tr, xt_te, yt_te, num_classes=c, input_shape=shape)
+    tr, te = _split_indices(y, seed, test_fraction, "the synthetic dataset")
+    y_tr, y_te = y[tr], y[te]
+    noise = torch_generator(seed, "data-synthetic")
+    x_tr = _mixture_samples(noise, means, y_tr)
+    x_te = _mixture_samples(noise, means, y_te)
+    mean, std = _scalar_moments(x_tr.numpy())
+    for x in (x_tr, x_te):
+        x.sub_(mean).div_(std)
+    return Dataset(
+        "synthetic", x_tr.view(-1, *shape), torch.from_numpy(y_tr), x_te.view(-1, *shape),
+        torch.from_numpy(y_te), num_classes=c, input_shape=shape,
+    )  # fmt: skip
+
+
+def _mixture_samples(gen: torch.Generator, means: np.ndarray, y: np.ndarray) -> torch.Tensor:
+    """``means[y] + N(0, I)`` as one new float32 tensor, without a temporary of its size."""
+    x = torch.randn(len(y), means.shape[1], generator=gen)
+    rows, mu = x.numpy(), means
+    for start in range(0, len(y), _ROWS):
+        rows[start : start + _ROWS] += mu[y[start : start + _ROWS]]
+    return x
+
+
+def _scalar_moments(x: np.ndarray) -> tuple[float, float]:
+    """Mean and standard deviation of all entries of ``x``, accumulated in float64 over chunks
+    of rows (no temporary of ``x``'s size); a standard deviation of 0 is taken as 1."""
+    mean = float(x.mean(dtype=np.float64))
+    squares = 0.0
+    buf = np.empty((min(len(x), _ROWS), *x.shape[1:]), dtype=np.float64)
+    for start in range(0, len(x), _ROWS):
+        dev = buf[: len(x[start : start + _ROWS])]
+        dev[...] = x[start : start + _ROWS]
+        dev -= mean
+        squares += float(np.square(dev, out=dev).sum())
+    std = math.sqrt(squares / x.size) if x.size else 0.0
+    return mean, std or 1.0
 
 
 def _mnist_dir(data_dir: str | Path | None) -> Path:

@@ -37,9 +37,12 @@ products.
 The backward pass uses :func:`torch.autograd.grad`, so parameters' ``.grad``
 fields are untouched; buffers (e.g. batch-norm statistics) are restored and
 the RNG is forked, so :func:`layer_view` has no side effects on the model.
-It takes a few milliseconds per call (about 20 ms for the CNN on 28×28),
-except that the first call in a process pays torch's one-time import of
-``torch._dynamo`` (about 1.5 s) that the flop counter triggers.
+It takes a few milliseconds per call (about 20 ms for the CNN on 28×28). torch's
+counter guards its dispatch handler against ``torch.compile`` by importing
+``torch._dynamo`` on first use (about 1 s and 70 MB, for a process that never
+compiles); :func:`layer_view` runs the same handler without that guard (see
+:func:`_flop_counter`), and falls back to the plain counter on a torch where that
+is not possible.
 Attribution relies on torch's module tracker, which is exact for
 feed-forward stacks such as the models in :mod:`fedclock.models.zoo`; for a
 module holding parameters *and* submodules, its own FLOPs are its total minus
@@ -158,6 +161,49 @@ def _tracker_names(model: nn.Module) -> dict[int, str]:
     return names
 
 
+def _quiet_counter_class() -> type[FlopCounterMode] | None:
+    """``FlopCounterMode`` whose dispatch mode does not import ``torch._dynamo``.
+
+    torch wraps every ``TorchDispatchMode.__torch_dispatch__`` in ``_disable_dynamo``,
+    which imports ``torch._dynamo`` on the first call, unless the class's
+    ``_should_skip_dynamo()`` is false. This subclass of torch's own mode keeps its
+    handler, unwrapped (``__wrapped__``), so the counts are torch's exactly. ``None`` on a
+    torch without these internals (the plain counter is used then).
+    """
+    try:
+        from torch.utils.flop_counter import _FlopCounterMode
+
+        handler = _FlopCounterMode.__dict__["__torch_dispatch__"]
+    except (ImportError, KeyError):
+        return None
+    raw = getattr(handler, "__wrapped__", handler)
+
+    class QuietMode(_FlopCounterMode):
+        __torch_dispatch__ = raw
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False
+
+    class QuietCounter(FlopCounterMode):
+        def __enter__(self) -> QuietCounter:  # FlopCounterMode.__enter__ with QuietMode
+            self.flop_counts.clear()
+            self.mod_tracker.__enter__()
+            self.mode = QuietMode(self)
+            self.mode.__enter__()
+            return self
+
+    return QuietCounter
+
+
+_QUIET_COUNTER = _quiet_counter_class()
+
+
+def _flop_counter() -> FlopCounterMode:
+    """A flop counter (no table printed) that does not import ``torch._dynamo`` where possible."""
+    return (_QUIET_COUNTER or FlopCounterMode)(display=False)
+
+
 def _count(counts: dict[str, dict[object, int]], key: str | None) -> int:
     if key is None:
         return 0
@@ -227,7 +273,7 @@ def layer_view(
         with (
             torch.random.fork_rng(devices=rng_devices),
             torch.enable_grad(),
-            FlopCounterMode(display=False) as counter,
+            _flop_counter() as counter,
         ):
             logits = model(x)
             fwd_counts = counter.get_flop_counts()
