@@ -22,13 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fedclock.devices.population import Population
-from fedclock.models import build_model, layer_view, param_bytes
-from fedclock.sim.simulator import Budget, Simulator
-from fedclock.strategies import FedAvgAggregator, LocalSGDPlanner, Strategy, SyncRounds
-from fedclock.train.evaluate import Evaluator
-from fedclock.train.executor import ClientData, SerialExecutor, snapshot
-from fedclock.train.vectorized import VectorizedExecutor
+# fedclock is imported inside the functions that use it, so the plain-PyTorch loops (the
+# `startup` benchmark's floor process) can be imported without it
 
 MNIST_SHAPE = (1, 28, 28)
 
@@ -62,6 +57,8 @@ def mnist_like(num_clients: int, per_client: int, *, num_test: int = 10_000, see
 
 
 def mlp(hidden: Sequence[int], seed: int = 0) -> nn.Module:
+    from fedclock.models import build_model
+
     return build_model(
         "mlp", input_shape=MNIST_SHAPE, num_classes=10, hidden=list(hidden), seed=seed
     )
@@ -164,6 +161,14 @@ def run_fedclock(
     setup: FedAvgSetup, executor: str, *, max_batch_clients: int | None = None, seed: int = 0
 ) -> float:
     """FedAvg through fedclock's simulator (SyncRounds + FedAvg + evaluator); s/round."""
+    from fedclock.devices.population import Population
+    from fedclock.models import layer_view, param_bytes
+    from fedclock.sim.simulator import Budget, Simulator
+    from fedclock.strategies import FedAvgAggregator, LocalSGDPlanner, Strategy, SyncRounds
+    from fedclock.train.evaluate import Evaluator
+    from fedclock.train.executor import ClientData, SerialExecutor, snapshot
+    from fedclock.train.vectorized import VectorizedExecutor
+
     d = setup.data
     model = mlp(setup.hidden, seed)
     data = ClientData.from_partition(d.x, d.y, d.parts)
@@ -258,15 +263,18 @@ def run_plain_serial(setup: FedAvgSetup, *, seed: int = 0) -> float:
     return per_round(times)
 
 
-def run_floor(setup: FedAvgSetup, *, block: int, seed: int = 0) -> float:
+def run_floor(
+    setup: FedAvgSetup, *, block: int, seed: int = 0, model: nn.Module | None = None
+) -> float:
     """The floor: a ``torch.func`` loop over blocks of clients, fused parameter updates; s/round.
 
     ``vmap(grad(loss))`` over the block's stacked parameters, one ``_foreach`` update per step,
     the block's weighted sum folded into the new global model with one matrix product per
     tensor. Every client has the same size here, so there is no padding or masking.
+    ``model``: the MLP to train (default: fedclock's ``mlp`` of ``setup.hidden``).
     """
     d = on_device(setup.data)
-    model = mlp(setup.hidden, seed).to(DEVICE)
+    model = (model if model is not None else mlp(setup.hidden, seed)).to(DEVICE)
     names = [n for n, _ in model.named_parameters()]
     global_params = [p.detach().clone() for p in model.parameters()]
 

@@ -28,6 +28,7 @@ BENCHMARKS = {
     "checkpoint-cost": "benchmarks.checkpoint_cost",
     "sweep-parallel": "benchmarks.sweep_parallel",
     "executor-ray": "benchmarks.executor_ray",
+    "startup": "benchmarks.startup",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 
