@@ -1,0 +1,29 @@
+"""Start-up cost: a command imports only what it needs (fresh processes; docs/benchmarks.md,
+`startup`). matplotlib (plots), Ray (--backend ray), scikit-learn and SciPy are imported
+only by the code that uses them; `import fedclock.cli` needs no torch (`fedclock --help`,
+`presets`, `strategies` start in a fraction of a second), and the code `fedclock run` imports
+before its first round does not import torch._dynamo (nor SymPy with it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("matplotlib", "ray", "sklearn", "scipy", "pandas")
+
+
+def imported_after(statement: str, names: tuple[str, ...]) -> list[str]:
+    code = f"import sys\n{statement}\nprint(' '.join(n for n in {names!r} if n in sys.modules))\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def test_the_cli_module_imports_no_heavy_package_and_no_torch() -> None:
+    assert imported_after("import fedclock.cli", (*HEAVY, "torch")) == []
+
+
+@pytest.mark.parametrize("module", ["fedclock.experiment", "fedclock.config", "fedclock.data"])
+def test_what_a_run_imports_up_front_is_light(module: str) -> None:
+    assert imported_after(f"import {module}", (*HEAVY, "torch._dynamo", "sympy")) == []
