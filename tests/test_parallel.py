@@ -43,7 +43,7 @@ def test_compare_with_two_local_jobs_writes_the_sequential_table(tmp_path: Path)
     assert res.exit_code == 0, res.output
     res = _compare(cfg, tmp_path / "par", "--jobs", "2")
     assert res.exit_code == 0, res.output
-    assert "cells (local, 2 at a time)" in res.output and "done 4" in res.output
+    assert "cells (local, 2 at a time" in res.output and "done 4" in res.output
     assert _table(tmp_path / "par") == _table(tmp_path / "seq")
     again = _compare(cfg, tmp_path / "par", "--jobs", "2")  # finished cells are reused
     assert again.exit_code == 0 and "reused finished run fedavg seed 1" in again.output

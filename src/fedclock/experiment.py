@@ -6,6 +6,7 @@ ExperimentConfig → Dataset → partition → model (layers, FLOPs) → populat
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -45,6 +46,10 @@ from fedclock.train.evaluate import BestValidation, ClientLossEvaluator, Evaluat
 from fedclock.train.executor import ClientData, snapshot
 from fedclock.train.factory import make_executor, resolve_device
 from fedclock.train.local import CrossEntropy, LocalTraining
+
+if TYPE_CHECKING:
+    from fedclock.data.dataset import Dataset
+    from fedclock.runs.lockstep import Lockstep
 
 
 @dataclass
@@ -215,22 +220,10 @@ def _run_and_record(
     return summary, error
 
 
-def run_experiment(
+def _prepare_data(
     cfg: ExperimentConfig,
-    *,
-    run_dir: Path | None = None,
-    progress: Callable[[Simulator], None] | None = None,
-    argv: list[str] | None = None,
-    resume: bool = False,
-) -> RunResult:
-    """Run one experiment; always leaves a complete run directory, even on divergence or Ctrl-C.
-
-    ``resume``: continue the run in ``run_dir`` from its checkpoint (from the start if it has
-    none); the result is the one an uninterrupted run gives, wall-clock columns aside.
-    """
-    wall0 = time.perf_counter()
-    if cfg.executor.threads is not None:
-        torch.set_num_threads(cfg.executor.threads)
+) -> tuple[Dataset, tuple[torch.Tensor, torch.Tensor] | None]:
+    """The run's dataset (normalised as configured) and its validation hold-out, if any."""
     data_dir = cfg.data.data_dir or os.environ.get("FEDCLOCK_DATA")
     ds = load_dataset(
         cfg.data.name,
@@ -249,140 +242,175 @@ def run_experiment(
         xt, yt, xv, yv = holdout_split(ds.x_train, ds.y_train, cfg.eval.val_holdout, cfg.seed)
         ds = dataclasses.replace(ds, x_train=xt, y_train=yt, groups=None)
         val_xy = (xv, yv)
-    p = cfg.partition
-    tree = build_tree(cfg.cis)  # a collaborative inference system's devices, if any
-    parts = partition(
-        ds.y_train.numpy(), p.num_clients, scheme=p.scheme, seed=cfg.seed, alpha=p.alpha,
-        shards_per_client=p.shards_per_client, sizes=p.sizes, size_sigma=p.size_sigma,
-        min_samples=p.min_samples, groups=ds.groups,
-        shares=None if tree is None else tree.data_shares(cfg.cis.split),
-    )  # fmt: skip
-    m = cfg.model
+    return ds, val_xy
 
-    def new_model() -> torch.nn.Module:
-        return build_model(
-            m.arch, input_shape=ds.input_shape, num_classes=ds.num_classes, hidden=m.hidden,
-            channels=m.channels, kernel_size=m.kernel_size, fc_hidden=m.fc_hidden,
-            padding=m.padding, embed_dim=m.embed_dim, lstm_hidden=m.lstm_hidden,
-            lstm_layers=m.lstm_layers, vgg_width=m.vgg_width, exits=m.exits,
-            input_dtype=ds.input_dtype,
-            seed=torch_seed(cfg.seed, "init") % (2**31),
+
+def run_experiment(
+    cfg: ExperimentConfig,
+    *,
+    run_dir: Path | None = None,
+    progress: Callable[[Simulator], None] | None = None,
+    argv: list[str] | None = None,
+    resume: bool = False,
+    lockstep: tuple[Lockstep, int] | None = None,
+) -> RunResult:
+    """Run one experiment; always leaves a complete run directory, even on divergence or Ctrl-C.
+
+    ``resume``: continue the run in ``run_dir`` from its checkpoint (from the start if it has
+    none); the result is the one an uninterrupted run gives, wall-clock columns aside.
+    """
+    # run batching: the group's runs are built one at a time (torch's flop counter and
+    # initialisation are process-wide), then run together
+    setup = contextlib.nullcontext() if lockstep is None else lockstep[0].setup_lock
+    with setup:
+        wall0 = time.perf_counter()
+        if cfg.executor.threads is not None:
+            torch.set_num_threads(cfg.executor.threads)
+        if lockstep is None:
+            ds, val_xy = _prepare_data(cfg)
+        else:  # run batching: the group's runs that read the same data share one copy
+            from fedclock.runs.lockstep import data_key
+
+            ds, val_xy = lockstep[0].shared(data_key(cfg), lambda: _prepare_data(cfg))
+        p = cfg.partition
+        tree = build_tree(cfg.cis)  # a collaborative inference system's devices, if any
+        parts = partition(
+            ds.y_train.numpy(), p.num_clients, scheme=p.scheme, seed=cfg.seed, alpha=p.alpha,
+            shards_per_client=p.shards_per_client, sizes=p.sizes, size_sigma=p.size_sigma,
+            min_samples=p.min_samples, groups=ds.groups,
+            shares=None if tree is None else tree.data_shares(cfg.cis.split),
         )  # fmt: skip
+        m = cfg.model
 
-    model = new_model()
-    layers = layer_view(model, ds.input_shape)
-    data = ClientData.from_partition(ds.x_train, ds.y_train, parts)
-    sizes = data.sizes()
-    population = build_population(cfg.population, p.num_clients, cfg.seed)
-    info = BuildInfo(
-        client_sizes=sizes,
-        layer_fwd_flops=tuple(layer.fwd_flops for layer in layers),
-        layer_bwd_flops=tuple(layer.bwd_flops for layer in layers),
-        model_bytes=param_bytes(model),
-        model=model,
-        layers=tuple(layers),
-        population=population,
-        train=(ds.x_train, ds.y_train),
-    )
-    strategy = build_strategy(cfg, info)
-    check_deadline(strategy, population, cfg)
+        def new_model() -> torch.nn.Module:
+            return build_model(
+                m.arch, input_shape=ds.input_shape, num_classes=ds.num_classes, hidden=m.hidden,
+                channels=m.channels, kernel_size=m.kernel_size, fc_hidden=m.fc_hidden,
+                padding=m.padding, embed_dim=m.embed_dim, lstm_hidden=m.lstm_hidden,
+                lstm_layers=m.lstm_layers, vgg_width=m.vgg_width, exits=m.exits,
+                input_dtype=ds.input_dtype,
+                seed=torch_seed(cfg.seed, "init") % (2**31),
+            )  # fmt: skip
 
-    device = resolve_device(cfg.executor.device)
-    model.to(device)  # before the snapshot: every model version lives on the executor's device
-    initial = snapshot(model, 0)
-    t = cfg.train
-    executor = make_executor(
-        strategy.needs, model, data, seed=cfg.seed,
-        local=LocalTraining(
-            lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay,
-            # an early-exit network's full-model task trains every exit
-            loss=MultiExitLoss() if isinstance(model, EarlyExitNet) else CrossEntropy(),
-        ),
-        kind=cfg.executor.kind, device=cfg.executor.device,
-        max_batch_clients=cfg.executor.max_batch_clients, workers=cfg.executor.workers,
-    )  # fmt: skip
-    evaluator: Any
-    more: ExitEvaluator | None = None  # per-exit and routed CIS accuracy columns
-    if isinstance(model, EarlyExitNet):
-        evaluator = more = ExitEvaluator(
-            new_model(), ds.x_test, ds.y_test, num_exits=model.num_exits, tree=tree,
-            batch_size=cfg.eval.batch_size, device=device,
+        model = new_model()
+        layers = layer_view(model, ds.input_shape)
+        data = ClientData.from_partition(ds.x_train, ds.y_train, parts)
+        sizes = data.sizes()
+        population = build_population(cfg.population, p.num_clients, cfg.seed)
+        info = BuildInfo(
+            client_sizes=sizes,
+            layer_fwd_flops=tuple(layer.fwd_flops for layer in layers),
+            layer_bwd_flops=tuple(layer.bwd_flops for layer in layers),
+            model_bytes=param_bytes(model),
+            model=model,
+            layers=tuple(layers),
+            population=population,
+            train=(ds.x_train, ds.y_train),
+        )
+        strategy = build_strategy(cfg, info)
+        check_deadline(strategy, population, cfg)
+
+        device = resolve_device(cfg.executor.device)
+        model.to(device)  # before the snapshot: every model version lives on the executor's device
+        initial = snapshot(model, 0)
+        t = cfg.train
+        executor = make_executor(
+            strategy.needs, model, data, seed=cfg.seed,
+            local=LocalTraining(
+                lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay,
+                # an early-exit network's full-model task trains every exit
+                loss=MultiExitLoss() if isinstance(model, EarlyExitNet) else CrossEntropy(),
+            ),
+            kind=cfg.executor.kind, device=cfg.executor.device,
+            max_batch_clients=cfg.executor.max_batch_clients, workers=cfg.executor.workers,
         )  # fmt: skip
-    else:
-        evaluator = Evaluator(
-            new_model(), ds.x_test, ds.y_test, batch_size=cfg.eval.batch_size, device=device
-        )
-    if val_xy is not None:
-        evaluator = BestValidation(
-            evaluator,
-            Evaluator(new_model(), *val_xy, batch_size=cfg.eval.batch_size, device=device),
-        )
+        evaluator: Any
+        more: ExitEvaluator | None = None  # per-exit and routed CIS accuracy columns
+        if isinstance(model, EarlyExitNet):
+            evaluator = more = ExitEvaluator(
+                new_model(), ds.x_test, ds.y_test, num_exits=model.num_exits, tree=tree,
+                batch_size=cfg.eval.batch_size, device=device,
+            )  # fmt: skip
+        else:
+            evaluator = Evaluator(
+                new_model(), ds.x_test, ds.y_test, batch_size=cfg.eval.batch_size, device=device
+            )
+        if val_xy is not None:
+            evaluator = BestValidation(
+                evaluator,
+                Evaluator(new_model(), *val_xy, batch_size=cfg.eval.batch_size, device=device),
+            )
 
-    client_eval = None
-    if cfg.eval.client_losses:
-        client_eval = ClientLossEvaluator(
-            new_model(), ds.x_train, ds.y_train, data.indices,
-            batch_size=cfg.eval.batch_size, device=device,
-        )  # fmt: skip
-    importance = fedavg_weights(sizes.tolist(), cfg.strategy.weights)
+        client_eval = None
+        if cfg.eval.client_losses:
+            client_eval = ClientLossEvaluator(
+                new_model(), ds.x_train, ds.y_train, data.indices,
+                batch_size=cfg.eval.batch_size, device=device,
+            )  # fmt: skip
+        importance = fedavg_weights(sizes.tolist(), cfg.strategy.weights)
 
-    run_dir = run_dir or default_run_dir(cfg)
-    header = checkpoint_header(cfg)
-    ck_path = run_dir / CHECKPOINT_FILE
-    if run_dir.is_dir():  # left by a process killed while writing a checkpoint
-        for tmp in run_dir.glob(".checkpoint-*.tmp"):
-            tmp.unlink(missing_ok=True)
-    resumed = None
-    if resume and ck_path.is_file():
-        resumed = read_checkpoint(ck_path, map_location=device)
-        check_resumable(resumed, header, run_dir)
-    else:  # a checkpoint of an earlier run in this folder must never be resumed into this one
-        ck_path.unlink(missing_ok=True)
-    extra = (*(more.columns if more is not None else ()),
-             *(CLIENT_LOSS_COLUMNS if client_eval is not None else ()))  # fmt: skip
-    recorder = RunRecorder(
-        run_dir,
-        extra_columns=extra,
-        resume_rows=None if resumed is None else resumed["rows"],
-    )
-    if resumed is None:
-        recorder.write_config(to_yaml(cfg), cfg.seed, argv)
-    else:
-        recorder.note_resume(argv)
-    b = cfg.budget
-    sim = Simulator(
-        strategy=strategy,
-        executor=executor,
-        population=population,
-        initial=initial,
-        client_sizes=sizes,
-        seed=cfg.seed,
-        budget=Budget(virtual_time=b.virtual_time, aggregations=b.aggregations, updates=b.updates),
-        evaluate=evaluator,
-        on_record=recorder.record,
-        on_progress=progress,
-        eval_every_aggregations=cfg.eval.every_aggregations,
-        eval_every_virtual_seconds=cfg.eval.every_virtual_seconds,
-        divergence_factor=cfg.eval.divergence_factor,
-        evaluate_clients=client_eval,
-        evaluate_more=more.more if more is not None else None,
-        importance=importance,
-        on_aggregate=_validation_schedule(evaluator, cfg.eval.val_every_aggregations),
-        guard=_guard(cfg),
-        faults=_faults(cfg, p.num_clients),
-    )
-    if resumed is not None:
-        restore(sim, resumed["state"])
-    ck = cfg.checkpoint
-    checkpointer = None
-    if ck.every_aggregations is not None or ck.every_seconds is not None:
-        checkpointer = Checkpointer(
-            ck_path,
-            header,
-            every_aggregations=ck.every_aggregations,
-            every_seconds=ck.every_seconds,
+        run_dir = run_dir or default_run_dir(cfg)
+        header = checkpoint_header(cfg)
+        ck_path = run_dir / CHECKPOINT_FILE
+        if run_dir.is_dir():  # left by a process killed while writing a checkpoint
+            for tmp in run_dir.glob(".checkpoint-*.tmp"):
+                tmp.unlink(missing_ok=True)
+        resumed = None
+        if resume and ck_path.is_file():
+            resumed = read_checkpoint(ck_path, map_location=device)
+            check_resumable(resumed, header, run_dir)
+        else:  # a checkpoint of an earlier run in this folder must never be resumed into this one
+            ck_path.unlink(missing_ok=True)
+        extra = (*(more.columns if more is not None else ()),
+                 *(CLIENT_LOSS_COLUMNS if client_eval is not None else ()))  # fmt: skip
+        recorder = RunRecorder(
+            run_dir,
+            extra_columns=extra,
+            resume_rows=None if resumed is None else resumed["rows"],
         )
-        sim.on_progress = _chain(progress, checkpointer)
+        if resumed is None:
+            recorder.write_config(to_yaml(cfg), cfg.seed, argv)
+        else:
+            recorder.note_resume(argv)
+        b = cfg.budget
+        sim = Simulator(
+            strategy=strategy,
+            executor=executor,
+            population=population,
+            initial=initial,
+            client_sizes=sizes,
+            seed=cfg.seed,
+            budget=Budget(
+                virtual_time=b.virtual_time, aggregations=b.aggregations, updates=b.updates
+            ),
+            evaluate=evaluator,
+            on_record=recorder.record,
+            on_progress=progress,
+            eval_every_aggregations=cfg.eval.every_aggregations,
+            eval_every_virtual_seconds=cfg.eval.every_virtual_seconds,
+            divergence_factor=cfg.eval.divergence_factor,
+            evaluate_clients=client_eval,
+            evaluate_more=more.more if more is not None else None,
+            importance=importance,
+            on_aggregate=_validation_schedule(evaluator, cfg.eval.val_every_aggregations),
+            guard=_guard(cfg),
+            faults=_faults(cfg, p.num_clients),
+            execute=None if lockstep is None else lockstep[0].execute(lockstep[1], executor),
+        )
+        if resumed is not None:
+            restore(sim, resumed["state"])
+        ck = cfg.checkpoint
+        checkpointer = None
+        if ck.every_aggregations is not None or ck.every_seconds is not None:
+            checkpointer = Checkpointer(
+                ck_path,
+                header,
+                every_aggregations=ck.every_aggregations,
+                every_seconds=ck.every_seconds,
+            )
+            sim.on_progress = _chain(progress, checkpointer)
+    if lockstep is not None:
+        lockstep[0].built(lockstep[1])
     # Ctrl-C stops the loop at the next event (after a checkpoint); once the loop is over it
     # is ignored until the run folder is complete
     with stop_on_sigint(checkpointer):

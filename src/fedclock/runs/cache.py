@@ -87,7 +87,11 @@ def resumable(run_dir: Path, cfg: ExperimentConfig) -> bool:
 
 
 def run_cell(
-    cfg: ExperimentConfig, run_dir: Path, progress: Callable[[Any], None] | None
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    progress: Callable[[Any], None] | None,
+    *,
+    lockstep: tuple[Any, int] | None = None,
 ) -> RunResult:
     """``run_experiment`` for one cell of a comparison or sweep — on from its checkpoint when
     an interrupted run of it left one — then a full garbage collection.
@@ -95,15 +99,17 @@ def run_cell(
     A finished run leaves reference cycles (its models, tasks and contributions) that only
     Python's full collection frees, and those passes are rare: without this a command running
     many cells held every finished run's tensors (measured: about 200 MB more per MNIST run,
-    16 GB after a few dozen).
+    16 GB after a few dozen). ``lockstep``: see :func:`~fedclock.experiment.run_experiment`.
     """
     resume = resumable(run_dir, cfg)
     try:
-        result = run_experiment(cfg, run_dir=run_dir, progress=progress, resume=resume)
+        result = run_experiment(
+            cfg, run_dir=run_dir, progress=progress, resume=resume, lockstep=lockstep
+        )
     except CheckpointError:
         if not resume:
             raise
         # a damaged checkpoint (or metrics.csv shorter than it): the cell starts again
-        result = run_experiment(cfg, run_dir=run_dir, progress=progress)
+        result = run_experiment(cfg, run_dir=run_dir, progress=progress, lockstep=lockstep)
     gc.collect()
     return result

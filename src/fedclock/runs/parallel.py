@@ -8,8 +8,13 @@ at a time, in worker processes (``backend="local"``, :mod:`concurrent.futures` w
 tables from the run folders exactly as after a sequential run. A run's results do not depend
 on where it ran: every random draw is keyed by the seed (``fedclock.rng``), not by a process.
 
-A cell that raises (a worker killed, a node lost, an error) is tried once more; if that
-fails too its error sentence is reported and the other cells go on. Each worker sets
+With ``batch_runs`` N > 1 (run batching, :mod:`fedclock.runs.lockstep`) the unit of work is
+a group of up to N cells advanced in lockstep in one process (in this process when ``jobs``
+is 1, else one group per worker process or Ray task), cells that read the same data grouped
+together.
+
+A cell that raises (a worker killed, a node lost, an error) is tried once more (on its own);
+if that fails too its error sentence is reported and the other cells go on. Each worker sets
 torch's threads to its share of the cores (``executor.threads`` if the config sets it).
 """
 
@@ -61,6 +66,26 @@ def run_one_cell(cfg: ExperimentConfig, run_dir: Path, threads: int) -> RunResul
     return RunResult(run_dir=result.run_dir, summary=result.summary, history=[], error=result.error)
 
 
+def run_cell_group(
+    cells: Sequence[tuple[ExperimentConfig, Path]], threads: int | None
+) -> list[RunResult | str]:
+    """A group of cells in lockstep (in a worker, or in this process): each cell's result
+    (history left in its run folder) or its error sentence."""
+    import torch
+
+    from fedclock.runs.lockstep import run_cells_together
+
+    if threads is not None:
+        torch.set_num_threads(cells[0][0].executor.threads or threads)
+    out: list[RunResult | str] = []
+    for r in run_cells_together(cells):
+        if isinstance(r, RunResult):
+            out.append(RunResult(run_dir=r.run_dir, summary=r.summary, history=[], error=r.error))
+        else:
+            out.append(_sentence(r))
+    return out
+
+
 def _sentence(exc: BaseException) -> str:
     if isinstance(exc, FedclockError):
         return str(exc)
@@ -78,6 +103,7 @@ class CellRunner:
         *,
         address: str | None = None,
         on_event: OnEvent = lambda kind, label, detail: None,
+        batch_runs: int = 1,
     ) -> None:
         if backend not in BACKENDS:
             raise ConfigError(f"Unknown backend '{backend}'; allowed: {', '.join(BACKENDS)}.")
@@ -85,22 +111,120 @@ class CellRunner:
             raise ConfigError("--jobs must be at least 1.")
         if address is not None and backend != "ray":
             raise ConfigError("--address names a Ray cluster: give it with --backend ray.")
+        if batch_runs < 1:
+            raise ConfigError("--batch-runs must be at least 1.")
         self.backend, self.jobs, self.address, self.on_event = backend, jobs, address, on_event
+        self.batch_runs = batch_runs
 
     def run(self, cells: Sequence[Cell]) -> dict[Path, RunResult | CellFailure]:
         if not cells:
             return {}
         self.on_event("plan", "", len(cells))
+        tries = {c.run_dir: 0 for c in cells}
+        if self.batch_runs > 1:
+            out, todo = self._run_batched(cells, tries)
+            if not todo:
+                return out
+            cells = todo  # the failed ones, once more on their own
+        else:
+            out = {}
+        if self.backend == "local" and (self.jobs or 1) == 1 and self.batch_runs > 1:
+            return {**out, **self._run_inline(cells, tries)}
         if self.backend == "ray":
-            return self._run_ray(cells)
-        return self._run_local(cells)
+            return {**out, **self._run_ray(cells, tries)}
+        return {**out, **self._run_local(cells, tries)}
+
+    # ------------------------------------------------------------------ run batching
+    def _run_batched(
+        self, cells: Sequence[Cell], tries: dict[Path, int]
+    ) -> tuple[dict[Path, RunResult | CellFailure], list[Cell]]:
+        """Every cell once, in lockstep groups; (results, the cells that failed)."""
+        from fedclock.runs.lockstep import batch_groups, data_key
+
+        # every worker gets a group: at most ⌈cells / workers⌉ runs in one
+        workers = self.jobs or (1 if self.backend == "local" else os.cpu_count() or 1)
+        size = max(1, min(self.batch_runs, -(-len(cells) // workers)))
+        groups = batch_groups(cells, size, lambda c: data_key(c.cfg))
+        out: dict[Path, RunResult | CellFailure] = {}
+        todo: list[Cell] = []
+
+        def collect(group: list[Cell], results: Sequence[RunResult | str]) -> None:
+            for cell, r in zip(group, results, strict=True):
+                if isinstance(r, RunResult):
+                    out[cell.run_dir] = r
+                    self.on_event("done", cell.label, r)
+                else:
+                    self._failed(cell, _GroupError(r), tries, todo, out)
+
+        for group in groups:
+            for cell in group:
+                tries[cell.run_dir] += 1
+                self.on_event("start", cell.label, None)
+        pairs = [[(c.cfg, c.run_dir) for c in g] for g in groups]
+        if self.backend == "local" and (self.jobs or 1) == 1:
+            for group, cells_of in zip(groups, pairs, strict=True):
+                collect(group, run_cell_group(cells_of, None))
+        elif self.backend == "local":
+            jobs = min(self.jobs or os.cpu_count() or 1, len(groups))
+            threads = max(1, (os.cpu_count() or 1) // jobs)
+            ctx = multiprocessing.get_context("spawn")
+            with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+                futures = {
+                    pool.submit(run_cell_group, cells_of, threads): group
+                    for group, cells_of in zip(groups, pairs, strict=True)
+                }
+                for future in cf.as_completed(futures):
+                    group = futures[future]
+                    try:
+                        collect(group, future.result())
+                    except Exception as exc:  # the worker died: the group's cells again
+                        collect(group, [_sentence(exc)] * len(group))
+        else:
+            ray = self._ray()
+            try:
+                remote = ray.remote(num_cpus=1, max_retries=0)(run_cell_group)
+                refs = {
+                    remote.remote(cells_of, 1): group
+                    for group, cells_of in zip(groups, pairs, strict=True)
+                }
+                pending = list(refs)
+                while pending:
+                    done, pending = ray.wait(pending, num_returns=1)
+                    group = refs[done[0]]
+                    try:
+                        collect(group, ray.get(done[0]))
+                    except Exception as exc:
+                        cause = getattr(exc, "cause", None) or exc
+                        collect(group, [_sentence(cause)] * len(group))
+            finally:
+                self._ray_done()
+        return out, todo
+
+    def _run_inline(
+        self, cells: Sequence[Cell], tries: dict[Path, int]
+    ) -> dict[Path, RunResult | CellFailure]:
+        """Cells one after another in this process (a failed batched cell's second try)."""
+        out: dict[Path, RunResult | CellFailure] = {}
+        todo = list(cells)
+        while todo:
+            cell = todo.pop(0)
+            tries[cell.run_dir] += 1
+            self.on_event("start", cell.label, None)
+            result = run_cell_group([(cell.cfg, cell.run_dir)], None)[0]
+            if isinstance(result, RunResult):
+                out[cell.run_dir] = result
+                self.on_event("done", cell.label, result)
+            else:
+                self._failed(cell, _GroupError(result), tries, todo, out)
+        return out
 
     # ------------------------------------------------------------------ local processes
-    def _run_local(self, cells: Sequence[Cell]) -> dict[Path, RunResult | CellFailure]:
+    def _run_local(
+        self, cells: Sequence[Cell], tries: dict[Path, int]
+    ) -> dict[Path, RunResult | CellFailure]:
         jobs = min(self.jobs or os.cpu_count() or 1, len(cells))
         threads = max(1, (os.cpu_count() or 1) // jobs)
         out: dict[Path, RunResult | CellFailure] = {}
-        tries = {c.run_dir: 0 for c in cells}
         todo = list(cells)
         ctx = multiprocessing.get_context("spawn")  # (fork would copy torch's thread pools)
         while todo:
@@ -137,15 +261,16 @@ class CellRunner:
             self.on_event("failed", cell.label, sentence)
 
     # ------------------------------------------------------------------ Ray
-    def _run_ray(self, cells: Sequence[Cell]) -> dict[Path, RunResult | CellFailure]:
+    def _ray(self) -> Any:
+        """Ray, started (locally with ``jobs`` CPUs, or on ``address``) unless it runs."""
         try:
             import ray
         except ImportError:
             raise ConfigError(
                 "--backend ray needs Ray: pip install 'fedclock[ray]' (or pip install ray)."
             ) from None
-        started = not ray.is_initialized()
-        if started:
+        self._started = not ray.is_initialized()
+        if self._started:
             if self.address is not None:
                 ray.init(address=self.address, log_to_driver=False)
             else:
@@ -153,10 +278,22 @@ class CellRunner:
                     num_cpus=self.jobs or os.cpu_count(), include_dashboard=False,
                     log_to_driver=False, configure_logging=False,
                 )  # fmt: skip
+        return ray
+
+    def _ray_done(self) -> None:
+        if getattr(self, "_started", False):
+            import ray
+
+            ray.shutdown()
+            self._started = False
+
+    def _run_ray(
+        self, cells: Sequence[Cell], tries: dict[Path, int]
+    ) -> dict[Path, RunResult | CellFailure]:
+        ray = self._ray()
         try:
             remote = ray.remote(num_cpus=1, max_retries=0)(run_one_cell)
             out: dict[Path, RunResult | CellFailure] = {}
-            tries = {c.run_dir: 0 for c in cells}
             todo = list(cells)
             while todo:
                 refs = {}
@@ -177,5 +314,8 @@ class CellRunner:
                         self._failed(cell, cause, tries, todo, out)
             return out
         finally:
-            if started:
-                ray.shutdown()
+            self._ray_done()
+
+
+class _GroupError(FedclockError):
+    """A cell's error sentence, as a batched group reported it."""

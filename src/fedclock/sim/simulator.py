@@ -31,6 +31,7 @@ import gc
 import heapq
 import itertools
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,11 @@ _ARRIVAL, _TIMER, _EVAL = 0, 1, 2
 _heappush = heapq.heappush
 
 
+_gc_lock = threading.Lock()
+_gc_users = 0  # simulations running in this process (run batching runs several in threads)
+_gc_saved: tuple[int, ...] = ()
+
+
 @contextlib.contextmanager
 def _quiet_gc() -> Iterator[None]:
     """Keep Python's cyclic garbage collector off the event loop's back.
@@ -60,16 +66,24 @@ def _quiet_gc() -> Iterator[None]:
     With thousands of tasks in flight, the collector's full passes over every live
     object took a quarter of the engine's time. The objects alive when the run
     starts (the data, the model, torch's own) are frozen out of the collector and
-    the first generation's threshold is raised; both are restored afterwards.
+    the first generation's threshold is raised; both are restored afterwards — by the
+    last of the simulations running at once (run batching runs several in threads).
     """
-    gc.freeze()  # (garbage among them is collected after the run, once unfrozen)
-    old = gc.get_threshold()
-    gc.set_threshold(max(old[0], 50_000), *old[1:])
+    global _gc_users, _gc_saved
+    with _gc_lock:
+        gc.freeze()  # (garbage among them is collected after the run, once unfrozen)
+        if _gc_users == 0:
+            _gc_saved = gc.get_threshold()
+            gc.set_threshold(max(_gc_saved[0], 50_000), *_gc_saved[1:])
+        _gc_users += 1
     try:
         yield
     finally:
-        gc.set_threshold(*old)
-        gc.unfreeze()
+        with _gc_lock:
+            _gc_users -= 1
+            if _gc_users == 0:
+                gc.set_threshold(*_gc_saved)
+                gc.unfreeze()
 
 
 class StopReason(StrEnum):
@@ -223,9 +237,13 @@ class Simulator:
         on_aggregate: Callable[[ModelVersion, int], None] | None = None,
         guard: UpdateGuard | None = None,
         faults: FaultInjector | None = None,
+        execute: Callable[[Sequence[Task]], list[Contribution]] | None = None,
     ) -> None:
         self.strategy = strategy
         self.executor = executor
+        # how a batch of tasks is trained: the executor's run, or (run batching) a call
+        # that trains it together with other simulations' batches
+        self.execute = executor.run if execute is None else execute
         self.population = population
         self.model = initial
         self.client_sizes = client_sizes
@@ -435,7 +453,7 @@ class Simulator:
         batch = list(self._pending.values())
         self._pending = {}
         results = self._results
-        for contribution in self.executor.run(batch):
+        for contribution in self.execute(batch):
             results[contribution.task.task_id] = contribution
 
     # ------------------------------------------------------------ records

@@ -353,8 +353,24 @@ class VectorizedExecutor:
         return size
 
     def run(self, tasks: Sequence[Task]) -> list[Contribution]:
+        out, groups = self.plan_blocks(tasks)
+        for members in groups.values():
+            size = self.block_size(tasks[members[0]].plan.batch_size)
+            for start in range(0, len(members), size):
+                block = members[start : start + size]
+                for i, c in zip(block, self._run_block([tasks[i] for i in block]), strict=True):
+                    out[i] = c
+        return [c for c in out if c is not None]
+
+    def plan_blocks(
+        self, tasks: Sequence[Task]
+    ) -> tuple[list[Contribution | None], dict[tuple[int, Hashable, float], list[int]]]:
+        """Run what goes serially now; group the rest by (batch size, work shape's program
+        key, learning-rate scale), each group's members sorted by most local steps first.
+
+        Returns (contributions so far, None where a task waits for its block; the groups).
+        """
         out: list[Contribution | None] = [None] * len(tasks)
-        # batch size, work shape's key, learning-rate scale
         groups: dict[tuple[int, Hashable, float], list[int]] = {}
         for i, task in enumerate(tasks):
             shape = task.plan.shape
@@ -366,19 +382,29 @@ class VectorizedExecutor:
                 out[i] = self._serial_executor().run_one(task)
                 continue
             groups.setdefault((task.plan.batch_size, key, task.plan.lr_scale), []).append(i)
-        for members in groups.values():
+        for key, members in list(groups.items()):
             if len(members) < self.min_block:  # vmap's overhead does not pay for one client
                 for i in members:
                     out[i] = self._serial_executor().run_one(tasks[i])
+                del groups[key]
                 continue
             # most steps first: at every step the clients still training are a prefix
             members.sort(key=lambda i: -tasks[i].plan.local_steps)
-            size = self.block_size(tasks[members[0]].plan.batch_size)
-            for start in range(0, len(members), size):
-                block = members[start : start + size]
-                for i, c in zip(block, self._run_block([tasks[i] for i in block]), strict=True):
-                    out[i] = c
-        return [c for c in out if c is not None]
+        return out, groups
+
+    def joint_signature(self) -> Hashable | None:
+        """What must be equal for another executor's tasks to share this one's blocks (run
+        batching, :mod:`fedclock.train.joint`): the same training set tensors, model
+        structure, optimiser and loss; None: its tasks never share blocks (BatchNorm models)."""
+        if self._bn or self._reason is not None:
+            return None
+        return (
+            id(self._x), id(self._y), str(self.model), repr(self.loss), self.device,
+            self.lr, self.momentum, self.weight_decay, self.proximal_mu, self.block_bytes,
+            self.max_batch_clients, self._trains_fully, self._momentum_store is None,
+            self._delta_views, len(self._scaled), self._layout is None,
+            tuple((n, tuple(p.shape), p.dtype) for n, p in self.model.named_parameters()),
+        )  # fmt: skip
 
     # ------------------------------------------------------------ internals
     def _program(self, shape: WorkShape) -> Program:
@@ -459,14 +485,23 @@ class VectorizedExecutor:
                     rows[j, s, : len(local)] = idx[j][local]
         return rows
 
-    def _run_block(self, tasks: Sequence[Task]) -> list[Contribution]:
+    def _run_block(
+        self, tasks: Sequence[Task], owners: Sequence[VectorizedExecutor] | None = None
+    ) -> list[Contribution]:
+        """Train one block. ``owners``: the executor of each task when the block joins tasks
+        of several runs (run batching; equal :meth:`joint_signature`): each task's batches,
+        client size and momentum buffers are its own run's."""
         base: ModelVersion = tasks[0].base
         shared = all(t.base is base for t in tasks)
         n_clients = len(tasks)
         b = tasks[0].plan.batch_size
         steps = [t.plan.local_steps for t in tasks]  # non-increasing
         n_steps = steps[0] if steps else 0
-        rows_cpu = self._rows(tasks, steps, b)
+        rows_cpu = (
+            self._rows(tasks, steps, b)
+            if owners is None
+            else self._joint_rows(tasks, steps, b, owners)
+        )
         active = [sum(1 for k in steps if k > s) for s in range(n_steps)]
         padded = steps[-1] < n_steps or bool((rows_cpu < 0).any())
         if padded:
@@ -536,17 +571,17 @@ class VectorizedExecutor:
             }
         if stats is not None:
             self.model.train()
-        store = self._momentum_store
+        stores = self._stores(tasks, owners)
         if not self.momentum:
             bufs: list[torch.Tensor] = []
-        elif store is None:
+        elif stores is None:
             bufs = [torch.zeros_like(p) for p in params]
         else:  # a client without a buffer yet starts from 0 (= torch.optim.SGD's first step)
             bufs = [
                 torch.stack([
-                    cut(store[t.client][n], n) if n in store.get(t.client, {})
+                    cut(st[t.client][n], n) if n in st.get(t.client, {})
                     else torch.zeros_like(p[0])
-                    for t in tasks
+                    for t, st in zip(tasks, stores, strict=True)
                 ])
                 for n, p in zip(names, params, strict=True)
             ]  # fmt: skip
@@ -567,7 +602,33 @@ class VectorizedExecutor:
             for h in hooks:
                 h.remove()
         return self._contributions(tasks, names, fixed, params, base_params, shared, bufs,
-                                   loss_sum, steps, views, stats)  # fmt: skip
+                                   loss_sum, steps, views, stats, owners)  # fmt: skip
+
+    def _stores(
+        self, tasks: Sequence[Task], owners: Sequence[VectorizedExecutor] | None
+    ) -> list[dict[int, dict[str, torch.Tensor]]] | None:
+        """Each task's momentum store (its run's), or None when buffers start at zero."""
+        if self._momentum_store is None:
+            return None
+        if owners is None:
+            return [self._momentum_store] * len(tasks)
+        return [o._momentum_store for o in owners]  # type: ignore[misc]
+
+    def _joint_rows(
+        self, tasks: Sequence[Task], steps: list[int], b: int,
+        owners: Sequence[VectorizedExecutor],
+    ) -> torch.Tensor:  # fmt: skip
+        """:meth:`_rows` of a block of several runs' tasks: each run's rows from its own
+        client indices and batch streams (the same rows as in the run alone)."""
+        rows = torch.full((len(tasks), steps[0], b), -1, dtype=torch.int64)
+        by_owner: dict[int, list[int]] = {}
+        for j, o in enumerate(owners):
+            by_owner.setdefault(id(o), []).append(j)
+        for members in by_owner.values():
+            o = owners[members[0]]
+            sub = o._rows([tasks[j] for j in members], [steps[j] for j in members], b)
+            rows[members, : sub.shape[1]] = sub
+        return rows
 
     def _train_steps(
         self, n_steps: int, active: list[int], rows: torch.Tensor, params: list[torch.Tensor],
@@ -620,12 +681,13 @@ class VectorizedExecutor:
         params: list[torch.Tensor], base_params: list[torch.Tensor], shared: bool,
         bufs: list[torch.Tensor], loss_sum: torch.Tensor, steps: list[int],
         views: Mapping[str, tuple[slice, ...]] | None, stats: Params | None = None,
+        owners: Sequence[VectorizedExecutor] | None = None,
     ) -> list[Contribution]:  # fmt: skip
         losses = loss_sum.tolist()
-        store = self._momentum_store
-        if store is not None and bufs:
+        stores = self._stores(tasks, owners)
+        if stores is not None and bufs:
             for j, task in enumerate(tasks):
-                kept = store.setdefault(task.client, {})
+                kept = stores[j].setdefault(task.client, {})
                 for n, m in zip(names, bufs, strict=True):
                     if views is None:
                         kept[n] = m[j].clone()
@@ -684,7 +746,9 @@ class VectorizedExecutor:
                     delta=delta,
                     # as SerialExecutor: each client's own copy of its final statistics
                     buffers={} if stats is None else {n: v[j].clone() for n, v in stats.items()},
-                    num_samples=len(self.data.indices[task.client]),
+                    num_samples=len(
+                        (self if owners is None else owners[j]).data.indices[task.client]
+                    ),
                     train_loss=losses[j] / max(1, steps[j]),
                     coverage=None if prog is None else prog.coverage,
                 )

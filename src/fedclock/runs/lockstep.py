@@ -1,0 +1,213 @@
+"""Run batching: several runs of a comparison or sweep advanced in lockstep in one process.
+
+Each run of a group is an ordinary :func:`~fedclock.experiment.run_experiment` in a thread
+of its own — its own event heap, random streams, model versions and run folder. Only its
+training is shared: whenever a run's simulator needs results, it hands its batch of tasks to
+the group's :class:`Lockstep` and waits; once every unfinished run of the group is waiting,
+all the batches are trained in one call (:func:`fedclock.train.joint.run_joint`: tasks of
+equal work shape from runs of equal model and data share ``vmap`` blocks), and every run goes
+on with its own contributions. Runs of a group that read the same data (same data section,
+seed and validation hold-out) also share one copy of it.
+
+A run's results are those of the same run made alone (its contributions are, see
+:mod:`fedclock.train.joint`); what batching saves is the per-block overhead of many small
+blocks (the SALF MLP grid: one SGD step of 30 clients per round) and the data's loading.
+The batches are joined in the order of the runs in the group, so a batched run is itself
+reproducible.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedclock.config import ExperimentConfig
+from fedclock.sim.types import Contribution, Task
+
+AUTO_MAX_RUNS = 8
+"""At most this many runs at once by default (memory: each holds its models and evaluator)."""
+
+BATCH_INVARIANT_ARCHS = ("mlp", "logreg")
+"""Architectures whose ``vmap`` kernels give each client the same bits whatever the block's
+size (``nn.Linear``): batching them by default never changes a number."""
+
+
+def auto_batch_runs(cfg: ExperimentConfig) -> int:
+    """The default ``--batch-runs``: :data:`AUTO_MAX_RUNS` for models whose training is
+    batch-invariant on the vectorized executor (MLPs, logistic regression; exact results),
+    1 otherwise (convolutions: equal to float tolerance only, so only on request)."""
+    e = cfg.executor
+    if cfg.model.arch in BATCH_INVARIANT_ARCHS and e.kind in ("auto", "vectorized"):
+        return AUTO_MAX_RUNS
+    return 1
+
+
+def data_key(cfg: ExperimentConfig) -> Hashable:
+    """Runs with equal keys read the same training and test tensors."""
+    return (cfg.data.model_dump_json(), cfg.seed, cfg.eval.val_holdout)
+
+
+@dataclass
+class _Call:
+    index: int  # the run's place in its group: batches are joined in this order
+    executor: Any
+    tasks: list[Task]
+    done: bool = False
+    result: list[Contribution] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+class Lockstep:
+    """The meeting point of a group's runs (see the module docstring)."""
+
+    def __init__(self, runs: int) -> None:
+        self._cond = threading.Condition()
+        self._active = runs  # runs not finished yet
+        self._waiting: list[_Call] = []
+        self._interrupted = False
+        self._shared: dict[Hashable, Any] = {}
+        self._shared_lock = threading.Lock()
+        # held while a run builds itself (data, model, FLOPs, strategy); and no run starts
+        # before all are built (:meth:`built`): torch's flop counter tracks modules through
+        # process-wide hooks, so another thread's forward passes would skew a run's FLOPs
+        self.setup_lock = threading.RLock()
+        self._unbuilt = set(range(runs))
+
+    def shared(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """``build()`` once per key for the whole group (the data runs read)."""
+        with self._shared_lock:
+            if key not in self._shared:
+                self._shared[key] = build()
+            return self._shared[key]
+
+    def execute(self, index: int, executor: Any) -> Callable[[Sequence[Task]], list[Contribution]]:
+        """The ``Simulator.execute`` of run ``index``: trains its batches with the others'."""
+
+        def run(tasks: Sequence[Task]) -> list[Contribution]:
+            return self._submit(_Call(index, executor, list(tasks)))
+
+        return run
+
+    def built(self, index: int) -> None:
+        """Run ``index`` is built: wait until every run of the group is (or has failed)."""
+        with self._cond:
+            self._unbuilt.discard(index)
+            self._cond.notify_all()
+            while self._unbuilt and not self._interrupted:
+                self._cond.wait()
+
+    def leave(self, index: int) -> None:
+        """Run ``index`` finished (or failed): the others no longer wait for it."""
+        with self._cond:
+            self._unbuilt.discard(index)
+            self._active -= 1
+            self._cond.notify_all()
+            if self._waiting and len(self._waiting) >= self._active:
+                self._train()
+
+    def interrupt(self) -> None:
+        """Ctrl-C: every run stops at its next batch (and records itself as interrupted)."""
+        with self._cond:
+            self._interrupted = True
+            for call in self._waiting:
+                call.error, call.done = KeyboardInterrupt(), True
+            self._waiting = []
+            self._cond.notify_all()
+
+    def _submit(self, call: _Call) -> list[Contribution]:
+        with self._cond:
+            if self._interrupted:
+                raise KeyboardInterrupt
+            self._waiting.append(call)
+            if len(self._waiting) >= self._active:
+                self._train()
+            while not call.done:
+                self._cond.wait()
+        if call.error is not None:
+            raise call.error
+        return call.result
+
+    def _train(self) -> None:
+        """Every unfinished run is waiting: train all their batches (the lock is held)."""
+        from fedclock.train.joint import run_joint
+
+        calls = sorted(self._waiting, key=lambda c: c.index)
+        self._waiting = []
+        try:
+            results = run_joint([(c.executor, c.tasks) for c in calls])
+            for call, result in zip(calls, results, strict=True):
+                call.result = result
+        except BaseException as exc:  # a bug in one batch stops the group's runs with it
+            for call in calls:
+                call.error = exc
+        for call in calls:
+            call.done = True
+        self._cond.notify_all()
+
+
+def run_cells_together(
+    cells: Sequence[tuple[ExperimentConfig, Path]],
+    on_done: Callable[[int, Any], None] = lambda k, result: None,
+) -> list[Any]:
+    """Run ``cells`` (config, run folder) as one lockstep group; each cell's
+    :class:`~fedclock.experiment.RunResult`, or the exception it raised. ``on_done(k,
+    result)`` is called as each finishes. Ctrl-C interrupts every run of the group (each
+    leaves its run folder, as a run alone does) and is raised again once they stopped."""
+    from fedclock.runs.cache import run_cell
+
+    group = Lockstep(len(cells))
+    results: list[Any] = [None] * len(cells)
+
+    def work(k: int) -> None:
+        cfg, run_dir = cells[k]
+        try:
+            results[k] = run_cell(cfg, run_dir, None, lockstep=(group, k))
+        except BaseException as exc:  # reported by the caller, with the others going on
+            results[k] = exc
+        finally:
+            group.leave(k)
+        on_done(k, results[k])
+
+    threads = [
+        threading.Thread(target=work, args=(k,), name=f"fedclock-run-{k}", daemon=True)
+        for k in range(len(cells))
+    ]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)
+    except KeyboardInterrupt:
+        group.interrupt()
+        for t in threads:
+            t.join()
+        raise
+    gc.collect()  # the group's runs leave reference cycles (see run_cell)
+    return results
+
+
+def batch_groups(
+    cells: Sequence[Any], size: int, key: Callable[[Any], Hashable]
+) -> list[list[Any]]:
+    """Groups of at most ``size`` cells, those with equal ``key`` (their data) together."""
+    order: dict[Hashable, list[Any]] = {}
+    for cell in cells:
+        order.setdefault(key(cell), []).append(cell)
+    ranked = [cell for same in order.values() for cell in same]
+    return [ranked[i : i + size] for i in range(0, len(ranked), size)]
+
+
+__all__ = [
+    "AUTO_MAX_RUNS",
+    "BATCH_INVARIANT_ARCHS",
+    "Lockstep",
+    "auto_batch_runs",
+    "batch_groups",
+    "data_key",
+    "run_cells_together",
+]
