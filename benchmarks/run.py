@@ -29,6 +29,7 @@ BENCHMARKS = {
     "sweep-parallel": "benchmarks.sweep_parallel",
     "executor-ray": "benchmarks.executor_ray",
     "startup": "benchmarks.startup",
+    "sweep-table2": "benchmarks.sweep_table2",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-VARIANTS = {
-    "jobs 1": ["--jobs", "1"],
-    "jobs 2 (local processes)": ["--jobs", "2"],
-    "ray, jobs 2": ["--backend", "ray", "--jobs", "2"],
+VARIANTS = {  # (--batch-runs 1: one run per process at a time; sweep-table2 measures batching)
+    "jobs 1": ["--jobs", "1", "--batch-runs", "1"],
+    "jobs 2 (local processes)": ["--jobs", "2", "--batch-runs", "1"],
+    "ray, jobs 2": ["--backend", "ray", "--jobs", "2", "--batch-runs", "1"],
 }
 
 

@@ -213,3 +213,22 @@ def test_cli_compare_batched_and_alone_write_the_same_table(tmp_path: Path) -> N
         _assert_same_run(tmp_path / "a" / "runs" / run, tmp_path / "b" / "runs" / run)
     bad = runner.invoke(app, [*args, "--batch-runs", "0", "--out", str(tmp_path / "c")])
     assert bad.exit_code != 0 and "--batch-runs must be at least 1" in bad.output
+
+
+def test_interrupt_asks_a_checkpointed_run_to_stop_and_keeps_training_its_batch() -> None:
+    group = Lockstep(2)
+    stops: list[int] = []
+    group.on_interrupt(0, lambda: stops.append(0))  # run 0 has a checkpointer
+    ex, got = _Counting(), {}
+    t = threading.Thread(target=lambda: got.setdefault(0, group.execute(0, ex)([7])))
+    t.start()
+    t.join(0.3)
+    group.interrupt()
+    assert stops == [0]
+    t.join(0.3)
+    assert t.is_alive()  # its batch still waits for run 1, then trains: it stops at its
+    group.leave(1)  # next event after writing its checkpoint (Checkpointer.interrupt)
+    t.join()
+    assert got == {0: [7]}
+    with pytest.raises(KeyboardInterrupt):  # a run without a checkpointer stops at once
+        group.execute(1, ex)([1])

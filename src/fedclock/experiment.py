@@ -410,6 +410,8 @@ def run_experiment(
             )
             sim.on_progress = _chain(progress, checkpointer)
     if lockstep is not None:
+        if checkpointer is not None:
+            lockstep[0].on_interrupt(lockstep[1], checkpointer.interrupt)
         lockstep[0].built(lockstep[1])
     # Ctrl-C stops the loop at the next event (after a checkpoint); once the loop is over it
     # is ignored until the run folder is complete

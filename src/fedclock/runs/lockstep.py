@@ -69,6 +69,7 @@ class Lockstep:
         self._active = runs  # runs not finished yet
         self._waiting: list[_Call] = []
         self._interrupted = False
+        self._on_interrupt: dict[int, Callable[[], None]] = {}  # run → its checkpointer's stop
         self._shared: dict[Hashable, Any] = {}
         self._shared_lock = threading.Lock()
         # held while a run builds itself (data, model, FLOPs, strategy); and no run starts
@@ -109,18 +110,30 @@ class Lockstep:
             if self._waiting and len(self._waiting) >= self._active:
                 self._train()
 
+    def on_interrupt(self, index: int, stop: Callable[[], None]) -> None:
+        """Ctrl-C asks run ``index`` to ``stop`` (its checkpointer: a checkpoint at the next
+        event, then it stops); a run without one stops at its next batch."""
+        with self._cond:
+            self._on_interrupt[index] = stop
+
     def interrupt(self) -> None:
-        """Ctrl-C: every run stops at its next batch (and records itself as interrupted)."""
+        """Ctrl-C: every run stops (each records itself as interrupted, as a run alone)."""
         with self._cond:
             self._interrupted = True
+            for stop in self._on_interrupt.values():
+                stop()
+            keep = []
             for call in self._waiting:
-                call.error, call.done = KeyboardInterrupt(), True
-            self._waiting = []
+                if call.index in self._on_interrupt:
+                    keep.append(call)  # trained as usual: it stops at its next event
+                else:
+                    call.error, call.done = KeyboardInterrupt(), True
+            self._waiting = keep
             self._cond.notify_all()
 
     def _submit(self, call: _Call) -> list[Contribution]:
         with self._cond:
-            if self._interrupted:
+            if self._interrupted and call.index not in self._on_interrupt:
                 raise KeyboardInterrupt
             self._waiting.append(call)
             if len(self._waiting) >= self._active:
