@@ -18,6 +18,11 @@ the seconds per round of rounds 2…R (fedclock's from ``metrics.csv``, the floo
 loop). Runs alternate fedclock / floor; each figure is the median over ``--repeats``.
 Targets (issue 18): fedclock's wall ≤ 1.1× the floor's, peak RSS ≤ 1.2× the floor's.
 ``--quick`` runs 2 rounds of w1 and 20 of w2 (the whole data is still generated).
+
+``STARTUP_BASELINE_SRC=/path/to/other/checkout/src`` adds a third runner per shape,
+``fedclock-baseline``: the same command with that source first on ``PYTHONPATH`` (e.g. a
+``git worktree`` of an older commit), interleaved with the others, so two versions are
+compared under the same conditions.
 """
 
 from __future__ import annotations
@@ -51,12 +56,15 @@ def _fedclock_command() -> list[str]:
 
 
 def _spawn(
-    cmd: list[str], first_row: Path | None = None, stdout: int | None = subprocess.DEVNULL
+    cmd: list[str],
+    first_row: Path | None = None,
+    stdout: int | None = subprocess.DEVNULL,
+    env: dict[str, str] | None = None,
 ) -> tuple[float, float, float, subprocess.Popen[bytes]]:
     """Run ``cmd`` to its end: (wall s, s to the first data row of ``first_row`` or nan,
     peak RSS MB, the process)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=stdout)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=stdout, env=env)
     first = math.nan
     while first_row is not None:  # poll until the first row is there, or the process ended
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -86,12 +94,17 @@ def _rounds_s(metrics: Path) -> float:
     return float(np.median(np.diff(times[1:]))) if len(times) > 2 else math.nan
 
 
-def run_fedclock(shape: str, rounds: int, work: Path) -> dict[str, float]:
+def run_fedclock(shape: str, rounds: int, work: Path, src: str | None = None) -> dict[str, float]:
+    """``fedclock run`` of the shape's config (``src``: that fedclock source instead)."""
     out = work / f"{shape}-{time.monotonic_ns()}"
     cmd = [*_fedclock_command(), "run", str(CONFIGS / f"{shape}.yaml"), "--out", str(out), "-q"]
     if rounds != ROUNDS[shape]:
         cmd += ["--set", f"budget.aggregations={rounds}"]
-    wall, first, rss, _ = _spawn(cmd, first_row=out / "metrics.csv")
+    env = None
+    if src is not None:
+        path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "PYTHONPATH": path}
+    wall, first, rss, _ = _spawn(cmd, first_row=out / "metrics.csv", env=env)
     return {"wall_s": wall, "first_round_s": first, "peak_rss_mb": rss,
             "s_per_round": _rounds_s(out / "metrics.csv")}  # fmt: skip
 
@@ -109,8 +122,13 @@ def run_floor(shape: str, rounds: int) -> dict[str, float]:
 def run(*, quick: bool = False, repeats: int = 3) -> dict[str, object]:
     rounds = QUICK_ROUNDS if quick else ROUNDS
     runners: dict[str, Callable[[Path], dict[str, float]]] = {}
+    baseline = os.environ.get("STARTUP_BASELINE_SRC")
     for shape, r in rounds.items():
         runners[f"{shape}/fedclock"] = lambda w, s=shape, r=r: run_fedclock(s, r, w)
+        if baseline:
+            runners[f"{shape}/fedclock-baseline"] = lambda w, s=shape, r=r: run_fedclock(
+                s, r, w, src=baseline
+            )
         runners[f"{shape}/floor"] = lambda w, s=shape, r=r: run_floor(s, r)
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in runners}
     load: dict[str, list[float]] = {k: [] for k in runners}
@@ -134,6 +152,11 @@ def run(*, quick: bool = False, repeats: int = 3) -> dict[str, object]:
         shape: {f: med[f"{shape}/fedclock"][f] / med[f"{shape}/floor"][f] for f in FIGURES}
         for shape in rounds
     }
+    if baseline:
+        for shape in rounds:
+            ratios[f"{shape} baseline"] = {
+                f: med[f"{shape}/fedclock-baseline"][f] / med[f"{shape}/floor"][f] for f in FIGURES
+            }
     return {
         "benchmark": NAME,
         "quick": quick,
@@ -141,7 +164,8 @@ def run(*, quick: bool = False, repeats: int = 3) -> dict[str, object]:
         "median": med,
         "fedclock_over_floor": ratios,
         "targets": TARGETS,
-        "met": {shape: {f: ratios[shape][f] <= t for f, t in TARGETS.items()} for shape in rounds},
+        "met": {s: {f: ratios[s][f] <= t for f, t in TARGETS.items()} for s in rounds},
+        "baseline_src": baseline,
         "runs": runs,
         "other_processes_cores": load,
         "uptime_load_average": os.getloadavg(),
