@@ -49,7 +49,6 @@ from fedclock.train.local import CrossEntropy, LocalTraining
 
 if TYPE_CHECKING:
     from fedclock.data.dataset import Dataset
-    from fedclock.runs.lockstep import Lockstep
 
 
 @dataclass
@@ -252,7 +251,7 @@ def run_experiment(
     progress: Callable[[Simulator], None] | None = None,
     argv: list[str] | None = None,
     resume: bool = False,
-    lockstep: tuple[Lockstep, int] | None = None,
+    lockstep: tuple[Any, int] | None = None,
 ) -> RunResult:
     """Run one experiment; always leaves a complete run directory, even on divergence or Ctrl-C.
 
@@ -269,9 +268,7 @@ def run_experiment(
         if lockstep is None:
             ds, val_xy = _prepare_data(cfg)
         else:  # run batching: the group's runs that read the same data share one copy
-            from fedclock.runs.lockstep import data_key
-
-            ds, val_xy = lockstep[0].shared(data_key(cfg), lambda: _prepare_data(cfg))
+            ds, val_xy = lockstep[0].data(cfg, lambda: _prepare_data(cfg))
         p = cfg.partition
         tree = build_tree(cfg.cis)  # a collaborative inference system's devices, if any
         parts = partition(

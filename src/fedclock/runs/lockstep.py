@@ -85,6 +85,10 @@ class Lockstep:
                 self._shared[key] = build()
             return self._shared[key]
 
+    def data(self, cfg: ExperimentConfig, build: Callable[[], Any]) -> Any:
+        """The run's data: ``build()`` once for the group's runs with equal :func:`data_key`."""
+        return self.shared(data_key(cfg), build)
+
     def execute(self, index: int, executor: Any) -> Callable[[Sequence[Task]], list[Contribution]]:
         """The ``Simulator.execute`` of run ``index``: trains its batches with the others'."""
 
