@@ -156,15 +156,20 @@ class CellRunner:
                 else:
                     self._failed(cell, _GroupError(r), tries, todo, out)
 
-        for group in groups:
+        def start(group: list[Cell]) -> None:
             for cell in group:
                 tries[cell.run_dir] += 1
                 self.on_event("start", cell.label, None)
+
         pairs = [[(c.cfg, c.run_dir) for c in g] for g in groups]
-        if self.backend == "local" and (self.jobs or 1) == 1:
+        if self.backend == "local" and (self.jobs or 1) == 1:  # group after group, here
             for group, cells_of in zip(groups, pairs, strict=True):
+                start(group)
                 collect(group, run_cell_group(cells_of, None))
-        elif self.backend == "local":
+            return out, todo
+        for group in groups:  # every group submitted at once
+            start(group)
+        if self.backend == "local":
             jobs = min(self.jobs or os.cpu_count() or 1, len(groups))
             threads = max(1, (os.cpu_count() or 1) // jobs)
             ctx = multiprocessing.get_context("spawn")
