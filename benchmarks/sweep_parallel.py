@@ -62,14 +62,22 @@ def run(*, quick: bool = False, repeats: int = 1) -> dict[str, object]:
             times[name] = round(time.perf_counter() - t0, 1)
             tables[name] = _table(out)
         cells = len(list((Path(tmp) / "jobs-1" / "runs").rglob("summary.json")))
-    first = times["jobs 1"]
+    return result(times, tables, cells, 20 if quick else 250, machine())
+
+
+def result(
+    times: dict[str, float], tables: dict[str, object], cells: int, rounds: int,
+    machine: dict[str, object],
+) -> dict[str, object]:  # fmt: skip
+    """The figures of timed sweep variants, against the first one (also ``sweep-table2``)."""
+    first = next(iter(times))
     return {
-        "machine": machine(),
+        "machine": machine,
         "cells": cells,
-        "rounds": 20 if quick else 250,
+        "rounds": rounds,
         "seconds": times,
-        "speedup": {k: round(first / v, 2) for k, v in times.items()},
-        "tables_identical": all(t == tables["jobs 1"] for t in tables.values()),
+        "speedup": {k: round(times[first] / v, 2) for k, v in times.items()},
+        "tables_identical": all(t == tables[first] for t in tables.values()),
     }
 
 

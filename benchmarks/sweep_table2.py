@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.sweep_parallel import REPO, _mnist, _table
+from benchmarks.sweep_parallel import REPO, _mnist, _table, result, rows
 
 VARIANTS = {
     "batch-runs 1 (sequential)": ["--batch-runs", "1"],
@@ -45,28 +45,18 @@ def run(*, quick: bool = False, repeats: int = 1) -> dict[str, object]:
         for name, extra in VARIANTS.items():
             if common.WAIT_FOR_QUIET:
                 common.wait_quiet()
-            out = Path(tmp) / name.replace(" ", "-").replace(",", "").replace("(", "")
+            out = Path(tmp) / _folder(name)
             t0 = time.perf_counter()
             subprocess.run([*base, *extra, "--out", str(out)], check=True, env=env)
             times[name] = round(time.perf_counter() - t0, 1)
             tables[name] = _table(out)
-        first_out = Path(tmp) / "batch-runs-1-sequential)"  # (the name as made above)
-        cells = len(list(first_out.rglob("summary.json")))
-    first = times["batch-runs 1 (sequential)"]
-    return {
-        "machine": machine(),
-        "cells": cells,
-        "rounds": 20 if quick else 250,
-        "seconds": times,
-        "speedup": {k: round(first / v, 2) for k, v in times.items()},
-        "tables_identical": all(t == tables["batch-runs 1 (sequential)"] for t in tables.values()),
-    }
+        first = next(iter(VARIANTS))
+        cells = len(list((Path(tmp) / _folder(first)).rglob("summary.json")))
+    return result(times, tables, cells, 20 if quick else 250, machine())
 
 
-def rows(r: dict[str, object]) -> list[tuple[str, str]]:
-    seconds: dict[str, float] = r["seconds"]  # type: ignore[assignment]
-    speedup: dict[str, float] = r["speedup"]  # type: ignore[assignment]
-    out = [(name, f"{s} s  ({speedup[name]}×)") for name, s in seconds.items()]
-    out.append(("cells", str(r["cells"])))
-    out.append(("tables identical", str(r["tables_identical"])))
-    return out
+def _folder(variant: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in variant)
+
+
+__all__ = ["rows", "run"]
