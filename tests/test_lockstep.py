@@ -80,10 +80,23 @@ def _assert_same_run(alone: Path, together: Path) -> None:
             assert s2[k] == v, k
 
 
-def test_runs_advanced_together_match_each_run_alone(tmp_path: Path) -> None:
+def test_runs_advanced_together_match_each_run_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fedclock.train.evaluate as evaluate
+
+    stacked: list[int] = []  # versions per joint evaluation call
+    joint = evaluate.evaluate_joint
+
+    def spy(requests: Any) -> Any:
+        stacked.append(len(requests))
+        return joint(requests)
+
+    monkeypatch.setattr(evaluate, "evaluate_joint", spy)
     cells = [(_cfg(s, seed), tmp_path / "together" / f"{n}-{seed}")
              for n, s in STRATEGIES.items() for seed in (3, 4)]  # fmt: skip
     results = run_cells_together(cells)
+    assert max(stacked) > 1  # the runs' versions were evaluated together
     for (cfg, run_dir), result in zip(cells, results, strict=True):
         assert not isinstance(result, BaseException), result
         assert result.summary["status"] == "completed"

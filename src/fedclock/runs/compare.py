@@ -23,7 +23,7 @@ import numpy as np
 
 from fedclock.config import ExperimentConfig
 from fedclock.errors import ConfigError
-from fedclock.experiment import RunResult
+from fedclock.experiment import RunResult, reusing_data
 from fedclock.metrics.plots import LOSS_PANELS, plot_groups, plot_loss_panels, read_metrics
 from fedclock.runs.cache import reusable, run_cell, stale_reason
 from fedclock.runs.grid import _cells, cell_config, parse_strategy, remember_entries
@@ -32,6 +32,7 @@ from fedclock.runs.parallel import Cell, CellFailure, CellRunner
 from fedclock.runs.tables import aggregate_rows, write_table
 
 
+@reusing_data()  # its cells read one copy of their data (see DataReuse)
 def run_compare(
     cfg: ExperimentConfig,
     strategies: Sequence[str],

@@ -2,17 +2,21 @@
 
 Each run of a group is an ordinary :func:`~fedclock.experiment.run_experiment` in a thread
 of its own — its own event heap, random streams, model versions and run folder. Only its
-training is shared: whenever a run's simulator needs results, it hands its batch of tasks to
-the group's :class:`Lockstep` and waits; once every unfinished run of the group is waiting,
-all the batches are trained in one call (:func:`fedclock.train.joint.run_joint`: tasks of
-equal work shape from runs of equal model and data share ``vmap`` blocks), and every run goes
-on with its own contributions. Runs of a group that read the same data (same data section,
-seed and validation hold-out) also share one copy of it.
+training and evaluation are shared: whenever a run's simulator needs results (contributions
+of a batch of tasks, or the test metrics of a model version), it hands the request to the
+group's :class:`Lockstep` and waits; once every unfinished run of the group is waiting, all
+the requests are served in one call — the batches trained together
+(:func:`fedclock.train.joint.run_joint`: tasks of equal work shape from runs of equal model
+and data share ``vmap`` blocks), the versions evaluated together
+(:func:`fedclock.train.evaluate.evaluate_joint`: MLPs on the same test set in one stacked
+pass) — and every run goes on with its own results. Runs of a group that read the same data
+(same data section, seed and validation hold-out) also share one copy of it.
 
 A run's results are those of the same run made alone (its contributions are, see
 :mod:`fedclock.train.joint`); what batching saves is the per-block overhead of many small
-blocks (the SALF MLP grid: one SGD step of 30 clients per round) and the data's loading.
-The batches are joined in the order of the runs in the group, so a batched run is itself
+blocks (the SALF MLP grid: one SGD step of 30 clients per round), matrix products too thin
+to run at full speed alone (the test set's), the data's loading, and the threads' contention
+(one call at a time, on all cores, instead of one per run). The batches are joined in the order of the runs in the group, so a batched run is itself
 reproducible.
 """
 
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fedclock.config import ExperimentConfig
+from fedclock.experiment import data_key
 from fedclock.sim.types import Contribution, Task
 
 AUTO_MAX_RUNS = 8
@@ -46,18 +51,14 @@ def auto_batch_runs(cfg: ExperimentConfig) -> int:
     return 1
 
 
-def data_key(cfg: ExperimentConfig) -> Hashable:
-    """Runs with equal keys read the same training and test tensors."""
-    return (cfg.data.model_dump_json(), cfg.seed, cfg.eval.val_holdout)
-
-
 @dataclass
 class _Call:
     index: int  # the run's place in its group: batches are joined in this order
-    executor: Any
-    tasks: list[Task]
+    executor: Any = None  # a training request: these tasks on this executor
+    tasks: list[Task] = field(default_factory=list)
+    evaluation: tuple[Any, Any] | None = None  # an evaluation request: (Evaluator, version)
     done: bool = False
-    result: list[Contribution] = field(default_factory=list)
+    result: Any = None
     error: BaseException | None = None
 
 
@@ -93,9 +94,21 @@ class Lockstep:
         """The ``Simulator.execute`` of run ``index``: trains its batches with the others'."""
 
         def run(tasks: Sequence[Task]) -> list[Contribution]:
-            return self._submit(_Call(index, executor, list(tasks)))
+            result: list[Contribution] = self._submit(_Call(index, executor, list(tasks)))
+            return result
 
         return run
+
+    def evaluation(self, index: int) -> Callable[[Any, Any], tuple[float, float]]:
+        """The ``Evaluator.submit`` of run ``index``: evaluates its versions with the others'."""
+
+        def evaluate(evaluator: Any, version: Any) -> tuple[float, float]:
+            result: tuple[float, float] = self._submit(
+                _Call(index, evaluation=(evaluator, version))
+            )
+            return result
+
+        return evaluate
 
     def built(self, index: int) -> None:
         """Run ``index`` is built: wait until every run of the group is (or has failed)."""
@@ -112,7 +125,7 @@ class Lockstep:
             self._active -= 1
             self._cond.notify_all()
             if self._waiting and len(self._waiting) >= self._active:
-                self._train()
+                self._serve()
 
     def on_interrupt(self, index: int, stop: Callable[[], None]) -> None:
         """Ctrl-C asks run ``index`` to ``stop`` (its checkpointer: a checkpoint at the next
@@ -135,29 +148,38 @@ class Lockstep:
             self._waiting = keep
             self._cond.notify_all()
 
-    def _submit(self, call: _Call) -> list[Contribution]:
+    def _submit(self, call: _Call) -> Any:
         with self._cond:
             if self._interrupted and call.index not in self._on_interrupt:
                 raise KeyboardInterrupt
             self._waiting.append(call)
             if len(self._waiting) >= self._active:
-                self._train()
+                self._serve()
             while not call.done:
                 self._cond.wait()
         if call.error is not None:
             raise call.error
         return call.result
 
-    def _train(self) -> None:
-        """Every unfinished run is waiting: train all their batches (the lock is held)."""
+    def _serve(self) -> None:
+        """Every unfinished run is waiting: train all their batches and evaluate all their
+        versions (the lock is held)."""
+        from fedclock.train.evaluate import evaluate_joint
         from fedclock.train.joint import run_joint
 
         calls = sorted(self._waiting, key=lambda c: c.index)
         self._waiting = []
+        train = [c for c in calls if c.evaluation is None]
+        evaluate = [c for c in calls if c.evaluation is not None]
         try:
-            results = run_joint([(c.executor, c.tasks) for c in calls])
-            for call, result in zip(calls, results, strict=True):
-                call.result = result
+            if train:
+                results = run_joint([(c.executor, c.tasks) for c in train])
+                for call, contributions in zip(train, results, strict=True):
+                    call.result = contributions
+            if evaluate:
+                metrics = evaluate_joint([c.evaluation for c in evaluate])  # type: ignore[misc]
+                for call, measured in zip(evaluate, metrics, strict=True):
+                    call.result = measured
         except BaseException as exc:  # a bug in one batch stops the group's runs with it
             for call in calls:
                 call.error = exc

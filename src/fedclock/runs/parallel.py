@@ -86,6 +86,13 @@ def run_cell_group(
     return out
 
 
+def _worker_init() -> None:
+    """A worker process's cells reuse the data of its cell before (see ``DataReuse``)."""
+    from fedclock.experiment import reuse_data
+
+    reuse_data()
+
+
 def _sentence(exc: BaseException) -> str:
     if isinstance(exc, FedclockError):
         return str(exc)
@@ -173,7 +180,9 @@ class CellRunner:
             jobs = min(self.jobs or os.cpu_count() or 1, len(groups))
             threads = max(1, (os.cpu_count() or 1) // jobs)
             ctx = multiprocessing.get_context("spawn")
-            with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            with cf.ProcessPoolExecutor(
+                max_workers=jobs, mp_context=ctx, initializer=_worker_init
+            ) as pool:
                 futures = {
                     pool.submit(run_cell_group, cells_of, threads): group
                     for group, cells_of in zip(groups, pairs, strict=True)
@@ -233,7 +242,9 @@ class CellRunner:
         todo = list(cells)
         ctx = multiprocessing.get_context("spawn")  # (fork would copy torch's thread pools)
         while todo:
-            with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            with cf.ProcessPoolExecutor(
+                max_workers=jobs, mp_context=ctx, initializer=_worker_init
+            ) as pool:
                 running: dict[cf.Future[RunResult], Cell] = {}
                 for cell in todo:
                     tries[cell.run_dir] += 1

@@ -18,7 +18,7 @@ from typing import Any
 
 from fedclock.config import ExperimentConfig
 from fedclock.errors import ConfigError
-from fedclock.experiment import RunResult
+from fedclock.experiment import RunResult, reusing_data
 from fedclock.runs.cache import reusable, run_cell, stale_reason
 from fedclock.runs.grid import (
     cell_config,
@@ -32,6 +32,7 @@ from fedclock.runs.parallel import Cell, CellFailure, CellRunner
 from fedclock.runs.tables import aggregate_rows, write_pivot, write_table
 
 
+@reusing_data()  # its cells read one copy of their data (see DataReuse)
 def run_sweep(
     cfg: ExperimentConfig,
     path: str,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -17,7 +17,14 @@ from fedclock.sim.types import ModelVersion
 
 
 class Evaluator:
-    """Test accuracy and mean cross-entropy of a model version (no copy of the snapshot)."""
+    """Test accuracy and mean cross-entropy of a model version (no copy of the snapshot).
+
+    Under run batching, ``submit`` (set by the run's :class:`~fedclock.runs.lockstep.Lockstep`)
+    hands the call to the group, which evaluates the versions its runs wait on together
+    (:func:`evaluate_joint`); the figures are those of :meth:`measure`.
+    """
+
+    submit: Callable[[Evaluator, ModelVersion], tuple[float, float]] | None = None
 
     def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 2048,
                  device: torch.device | str = "cpu") -> None:  # fmt: skip
@@ -27,8 +34,14 @@ class Evaluator:
         self.y = y.to(self.device)
         self.batch_size = batch_size
 
-    @torch.no_grad()
     def __call__(self, version: ModelVersion) -> tuple[float, float]:
+        if self.submit is not None:
+            return self.submit(self, version)
+        return self.measure(version)
+
+    @torch.no_grad()
+    def measure(self, version: ModelVersion) -> tuple[float, float]:
+        """(accuracy, mean cross-entropy) of ``version`` on this evaluator's data."""
         self.model.eval()
         state = {**version.params, **version.buffers}
         correct = 0
@@ -40,6 +53,100 @@ class Evaluator:
             loss += float(F.cross_entropy(logits, yb, reduction="sum"))
             correct += int((logits.argmax(1) == yb).sum())
         return correct / n, loss / n
+
+    def joint_key(self) -> Hashable | None:
+        """Evaluators with equal keys (same data tensors, batch size and stackable layer
+        structure) can be evaluated together by :func:`evaluate_joint`; None: never."""
+        structure = _stack_structure(self.model)
+        if structure is None:
+            return None
+        return (id(self.x), id(self.y), self.batch_size, str(self.device), structure)
+
+
+def _stack_structure(model: nn.Module) -> tuple[Hashable, ...] | None:
+    """The layers of a model that :func:`_stacked_logits` can run for many versions at once
+    (a ``Classifier`` over ``Flatten``, ``Linear`` and ``ReLU``: the MLPs and logistic
+    regression), or None."""
+    net = getattr(model, "net", None)
+    if type(model).__name__ != "Classifier" or not isinstance(net, nn.Sequential):
+        return None
+    out: list[Hashable] = []
+    stacked = False
+    for name, layer in net.named_children():
+        if isinstance(layer, nn.Linear):
+            out.append(
+                ("linear", name, layer.in_features, layer.out_features, layer.bias is not None)
+            )
+            stacked = True
+        elif isinstance(layer, nn.ReLU):
+            out.append(("relu",))
+        elif isinstance(layer, nn.Flatten) and not stacked:
+            out.append(("flatten", layer.start_dim, layer.end_dim))
+        else:
+            return None
+    return tuple(out) if stacked else None
+
+
+def _stacked_logits(net: nn.Sequential, states: Sequence[dict[str, torch.Tensor]],
+                    x: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """``(R, B, C)``: the logits of R versions of an MLP on one batch ``x`` in one pass. The
+    first ``Linear`` is one matrix product with the R weight matrices side by side, the
+    others are batched products: each version's logits are computed as by its own forward
+    pass, product by product (the same sums over the same inputs)."""
+    r = len(states)
+    h = x
+    stacked = False
+    for name, layer in net.named_children():
+        if isinstance(layer, nn.Linear):
+            w = [s[f"net.{name}.weight"] for s in states]
+            b = [s[f"net.{name}.bias"] for s in states] if layer.bias is not None else None
+            if not stacked:
+                out = F.linear(h, torch.cat(w), None if b is None else torch.cat(b))
+                h = out.view(len(x), r, layer.out_features).transpose(0, 1)
+                stacked = True
+            elif b is None:
+                h = torch.bmm(h, torch.stack(w).transpose(1, 2))
+            else:
+                h = torch.baddbmm(torch.stack(b)[:, None, :], h, torch.stack(w).transpose(1, 2))
+        elif isinstance(layer, nn.ReLU):
+            h = F.relu(h)
+        else:  # Flatten, before the first Linear (see _stack_structure)
+            h = layer(h)
+    return h
+
+
+@torch.no_grad()
+def evaluate_joint(requests: Sequence[tuple[Evaluator, ModelVersion]]) -> list[tuple[float, float]]:
+    """Each (evaluator, version)'s :meth:`Evaluator.measure`, the versions of evaluators with
+    equal :meth:`~Evaluator.joint_key` evaluated in one stacked pass over their shared data
+    (run batching: a group's runs evaluate on one copy of the test set)."""
+    out: list[tuple[float, float] | None] = [None] * len(requests)
+    together: dict[Hashable, list[int]] = {}
+    for k, (ev, _) in enumerate(requests):
+        key = ev.joint_key()
+        if key is None:
+            out[k] = ev.measure(requests[k][1])
+        else:
+            together.setdefault(key, []).append(k)
+    for members in together.values():
+        if len(members) == 1:
+            out[members[0]] = requests[members[0]][0].measure(requests[members[0]][1])
+            continue
+        lead = requests[members[0]][0]
+        lead.model.eval()
+        states = [{**requests[k][1].params, **requests[k][1].buffers} for k in members]
+        correct = [0] * len(members)
+        loss = [0.0] * len(members)
+        n = len(lead.y)
+        for i in range(0, n, lead.batch_size):
+            xb, yb = lead.x[i : i + lead.batch_size], lead.y[i : i + lead.batch_size]
+            logits = _stacked_logits(lead.model.net, states, xb).contiguous()  # type: ignore[arg-type]
+            for j in range(len(members)):
+                loss[j] += float(F.cross_entropy(logits[j], yb, reduction="sum"))
+                correct[j] += int((logits[j].argmax(1) == yb).sum())
+        for j, k in enumerate(members):
+            out[k] = (correct[j] / n, loss[j] / n)
+    return [x for x in out if x is not None]
 
 
 def cis_route(tree: Tree, entropy: np.ndarray, correct: np.ndarray) -> tuple[float, np.ndarray]:
