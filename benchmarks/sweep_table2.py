@@ -1,9 +1,16 @@
 """Run batching on a researcher's real workload: the SALF MLP reference Table II grid (5
 strategies × 4 straggler ratios, 250 rounds; 3 seeds, 51 runs: vanilla reads no straggler
 ratio) by ``fedclock sweep``, with ``--batch-runs 1`` (one run after another, the sweep before
-run batching) against the automatic default (8 runs in lockstep) and the default with
-``--jobs 2`` (two processes, each with its group); each a fresh command in a fresh folder,
-timed from start to exit. The ``table.csv`` files must be identical (wall-time columns aside).
+run batching) against the automatic default (groups of 8 runs in lockstep, a worker process
+per core) and the default with ``--jobs 1`` (the groups one after another in one process);
+each a fresh command in a fresh folder, timed from start to exit. The ``table.csv`` files
+must be identical (wall-time columns aside).
+
+Also measured: the **evaluation floor** — the grid's evaluations alone (every run tests and
+validates its model on 10,000 + 10,000 images at the start and after each round) at the speed
+of :func:`fedclock.train.evaluate.evaluate_joint` stacking 8 versions, the fastest way this
+code evaluates them: one process with all threads, or one single-thread process per core
+(taken to scale perfectly); no schedule of the training makes the sweep faster than that.
 
 Needs MNIST (``$FEDCLOCK_DATA`` or ``../shared/data/mnist``); ``--quick``: 20 rounds, 1 seed.
 """
@@ -17,12 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.sweep_parallel import REPO, _mnist, _table, result, rows
+from benchmarks.sweep_parallel import REPO, _mnist, _table, result
+from benchmarks.sweep_parallel import rows as variant_rows
 
 VARIANTS = {
     "batch-runs 1 (sequential)": ["--batch-runs", "1"],
-    "batch-runs auto": [],
-    "batch-runs auto, jobs 2": ["--jobs", "2"],
+    "batch-runs auto, jobs 1 (one process)": ["--jobs", "1"],
+    "batch-runs auto (a group per core)": [],
 }
 SEEDS = "1234,1,2"
 
@@ -52,11 +60,79 @@ def run(*, quick: bool = False, repeats: int = 1) -> dict[str, object]:
             tables[name] = _table(out)
         first = next(iter(VARIANTS))
         cells = len(list((Path(tmp) / _folder(first)).rglob("summary.json")))
-    return result(times, tables, cells, 20 if quick else 250, machine())
+    rounds = 20 if quick else 250
+    out = result(times, tables, cells, rounds, machine())
+    out["evaluation_floor"] = evaluation_floor(cells, rounds, times[first])
+    return out
+
+
+def evaluation_floor(cells: int, rounds: int, sequential_s: float) -> dict[str, float]:
+    """Seconds the grid's evaluations take at best: ``cells × (rounds + 1) × 2`` evaluations
+    of the 784-32-16-10 MLP over 10,000 rows, 8 versions stacked per pass (the median of 20
+    passes, random weights and rows: the work does not depend on the values)."""
+    import statistics
+
+    import torch
+
+    from fedclock.models import build_model
+    from fedclock.train.evaluate import Evaluator, evaluate_joint
+    from fedclock.train.executor import snapshot
+
+    def model(seed: int) -> torch.nn.Module:
+        return build_model("mlp", input_shape=(1, 28, 28), num_classes=10, hidden=[32, 16],
+                           seed=seed)  # fmt: skip
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(10_000, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (10_000,), generator=g)
+    requests = [(Evaluator(model(0), x, y, batch_size=10_000), snapshot(model(s), s))
+                for s in range(8)]  # fmt: skip
+
+    def median_pass(reqs: list[tuple[Evaluator, object]]) -> float:
+        evaluate_joint(reqs)  # type: ignore[arg-type]
+        ts = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            evaluate_joint(reqs)  # type: ignore[arg-type]
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    threads = torch.get_num_threads()
+    one, eight = median_pass(requests[:1]), median_pass(requests)
+    torch.set_num_threads(1)
+    try:
+        eight_1t = median_pass(requests)
+    finally:
+        torch.set_num_threads(threads)
+    evaluations = cells * (rounds + 1) * 2
+    per_core = threads * eight / eight_1t  # a pass per core at once vs one with all threads
+    floor = evaluations / 8 * min(eight, eight_1t / threads)
+    return {
+        "evaluations": evaluations,
+        "threads": threads,
+        "ms_one_version": round(one * 1e3, 2),
+        "ms_8_stacked": round(eight * 1e3, 2),
+        "ms_8_stacked_1_thread": round(eight_1t * 1e3, 2),
+        "per_core_gain": round(per_core, 2),
+        "floor_s": round(floor, 1),
+        "max_speedup": round(sequential_s / floor, 2),
+    }
+
+
+def rows(r: dict[str, object]) -> list[tuple[str, str]]:
+    out = variant_rows(r)
+    f: dict[str, float] = r["evaluation_floor"]  # type: ignore[assignment]
+    out.append((
+        "evaluation floor",
+        f"{f['floor_s']} s for {f['evaluations']} evaluations (8 stacked: {f['ms_8_stacked']} "
+        f"ms with {f['threads']} threads, {f['ms_8_stacked_1_thread']} ms with 1; one version "
+        f"{f['ms_one_version']} ms): at most {f['max_speedup']}× the first",
+    ))  # fmt: skip
+    return out
 
 
 def _folder(variant: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in variant)
 
 
-__all__ = ["rows", "run"]
+__all__ = ["evaluation_floor", "rows", "run"]

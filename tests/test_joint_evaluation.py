@@ -68,13 +68,13 @@ def test_evaluator_hands_its_call_to_submit() -> None:
 
 def _count_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     loads: list[int] = []
-    prepare = experiment._prepare_data
+    load = experiment._load_data
 
     def spy(cfg: Any) -> Any:
         loads.append(cfg.seed)
-        return prepare(cfg)
+        return load(cfg)
 
-    monkeypatch.setattr(experiment, "_prepare_data", spy)
+    monkeypatch.setattr(experiment, "_load_data", spy)
     return loads
 
 
@@ -90,7 +90,7 @@ def test_data_reuse_is_off_by_default_and_scoped(
         experiment.run_experiment(cfg, run_dir=tmp_path / "c")
         reused = experiment.run_experiment(cfg, run_dir=tmp_path / "d")  # same data: reused
         experiment.run_experiment(validate(tiny_raw(seed=4)), run_dir=tmp_path / "e")
-    assert loads == [3, 3, 3, 4]
+    assert loads == [3, 3, 3, 4]  # digits draws its split from the seed: loaded again
     assert not experiment.DATA_REUSE.enabled and experiment.DATA_REUSE._last is None
     again = experiment.run_experiment(cfg, run_dir=tmp_path / "f")
     assert loads == [3, 3, 3, 4, 3]
@@ -111,3 +111,27 @@ def test_cells_of_a_sequential_compare_load_their_data_once(
     assert res.exit_code == 0, res.output
     assert loads == [3]
     assert not experiment.DATA_REUSE.enabled  # only while the command ran
+
+
+def test_seeds_share_a_dataset_not_drawn_from_the_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_data import write_fake_mnist
+
+    write_fake_mnist(tmp_path / "mnist", n_train=60, n_test=20)
+    loads = _count_loads(monkeypatch)
+    raw = tiny_raw(
+        data={"name": "mnist", "data_dir": str(tmp_path / "mnist")},
+        eval={"every_aggregations": 1, "val_holdout": 10},
+        budget={"aggregations": 1},
+    )
+    summaries = []
+    with experiment.reusing_data():
+        for k, seed in enumerate((1, 2, 1)):  # a sweep's seeds alternate
+            cfg = validate({**raw, "seed": seed})
+            run = experiment.run_experiment(cfg, run_dir=tmp_path / f"run{k}")
+            assert run.summary["status"] == "completed"
+            summaries.append({k: v for k, v in run.summary.items() if k != "wall_s"})
+    assert loads == [1]  # MNIST does not depend on the seed; each run splits its own hold-out
+    assert summaries[2] == summaries[0]  # the reused copy: the same run
+    assert summaries[1] != summaries[0]

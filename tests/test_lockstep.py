@@ -27,7 +27,7 @@ from fedclock.runs.lockstep import (
     batch_groups,
     run_cells_together,
 )
-from fedclock.runs.parallel import Cell, CellFailure, CellRunner
+from fedclock.runs.parallel import Cell, CellFailure, CellRunner, batch_workers
 from fedclock.sim.types import ModelVersion, Task, TaskPlan
 from fedclock.train.executor import ClientData, snapshot
 from fedclock.train.joint import run_joint
@@ -211,6 +211,15 @@ def test_auto_batch_runs_and_groups() -> None:
     assert groups == [["a1", "a2"], ["a3", "b1"], ["b2"]]  # same data together
 
 
+def test_batched_groups_run_one_per_core_by_default() -> None:
+    assert batch_workers(51, 8, None, "local", 2) == 2  # 7 groups, 2 at a time
+    assert batch_workers(4, 8, None, "local", 2) == 1  # one group: in this process
+    assert batch_workers(17, 8, None, "local", 16) == 3  # no more workers than groups
+    assert batch_workers(51, 8, 1, "local", 2) == 1  # --jobs 1: one group after another
+    assert batch_workers(51, 8, 3, "local", 2) == 3
+    assert batch_workers(51, 8, None, "ray", 4) == 4
+
+
 def test_cli_compare_batched_and_alone_write_the_same_table(tmp_path: Path) -> None:
     raw = tiny_raw(strategy={"name": "fedavg", "t_max": 0.6}, budget={"aggregations": 4})
     path = tmp_path / "exp.yaml"
@@ -221,7 +230,8 @@ def test_cli_compare_batched_and_alone_write_the_same_table(tmp_path: Path) -> N
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, [*args, "--out", str(tmp_path / "b")])  # MLP: batched by default
     assert res.exit_code == 0, res.output
-    assert f"cells ({AUTO_MAX_RUNS} in lockstep)" in res.output and "done 4" in res.output
+    assert f"cells ({AUTO_MAX_RUNS} in lockstep, a group per core)" in res.output
+    assert "done 4" in res.output
     for run in ("fedavg/seed-1", "fedavg/seed-2", "drop-stragglers/seed-1"):
         _assert_same_run(tmp_path / "a" / "runs" / run, tmp_path / "b" / "runs" / run)
     bad = runner.invoke(app, [*args, "--batch-runs", "0", "--out", str(tmp_path / "c")])

@@ -54,7 +54,12 @@ BackendOpt = Annotated[
 ]
 JobsOpt = Annotated[
     int | None,
-    typer.Option("--jobs", "-j", help="Cells at once (default 1 locally, all CPUs on Ray)."),
+    typer.Option(
+        "--jobs",
+        "-j",
+        help="Cells (with --batch-runs: groups) at once. Default: 1 locally, a group per core "
+        "with run batching, all CPUs on Ray.",
+    ),
 ]
 BatchRunsOpt = Annotated[
     int | None,
@@ -453,8 +458,12 @@ def _runner(
     counts = {"start": 0, "done": 0, "failed": 0, "retry": 0}
     where = f"{backend}, {jobs or 'all'} at a time" if backend == "local" else backend
     if batch_runs > 1:  # groups of runs in lockstep (in this process when jobs is 1)
-        local_one = backend == "local" and jobs in (None, 1)
-        where = f"{batch_runs} in lockstep" if local_one else f"{where}, {batch_runs} in lockstep"
+        if backend == "local" and jobs is None:  # a group per core (one group: here)
+            where = f"{batch_runs} in lockstep, a group per core"
+        elif backend == "local" and jobs == 1:
+            where = f"{batch_runs} in lockstep"
+        else:
+            where = f"{where}, {batch_runs} in lockstep"
     task = progress.add_task(f"cells ({where})", total=None, status="")
 
     def on_event(kind: str, label: str, detail: Any) -> None:

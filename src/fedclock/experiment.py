@@ -23,6 +23,7 @@ import torch
 
 from fedclock.config import ExperimentConfig, to_yaml
 from fedclock.data import SyntheticSpec, TextSpec, load_dataset, partition
+from fedclock.data.datasets import SEEDED_DATASETS
 from fedclock.data.transforms import authors_normalization, holdout_split
 from fedclock.devices import Population, build_population
 from fedclock.devices.cost import TaskCost
@@ -220,10 +221,8 @@ def _run_and_record(
     return summary, error
 
 
-def _prepare_data(
-    cfg: ExperimentConfig,
-) -> tuple[Dataset, tuple[torch.Tensor, torch.Tensor] | None]:
-    """The run's dataset (normalised as configured) and its validation hold-out, if any."""
+def _load_data(cfg: ExperimentConfig) -> Dataset:
+    """The run's dataset, normalised as configured (before any validation hold-out)."""
     data_dir = cfg.data.data_dir or os.environ.get("FEDCLOCK_DATA")
     ds = load_dataset(
         cfg.data.name,
@@ -237,6 +236,15 @@ def _prepare_data(
     )
     if cfg.data.normalize == "authors":  # SALF's code normalises MNIST with mean 0.5, std 0.5
         ds = authors_normalization(ds)
+    return ds
+
+
+def _prepare_data(
+    cfg: ExperimentConfig, ds: Dataset | None = None
+) -> tuple[Dataset, tuple[torch.Tensor, torch.Tensor] | None]:
+    """The run's dataset (``ds``, else loaded) and its validation hold-out, if any."""
+    if ds is None:
+        ds = _load_data(cfg)
     val_xy = None
     if cfg.eval.val_holdout:  # e.g. SALF reference mode: a validation split out of the training set
         xt, yt, xv, yv = holdout_split(ds.x_train, ds.y_train, cfg.eval.val_holdout, cfg.seed)
@@ -251,12 +259,14 @@ def data_key(cfg: ExperimentConfig) -> Hashable:
 
 
 class DataReuse:
-    """The prepared data of this process's last run, handed to its next run when that one
-    reads the same (equal data section, seed, validation hold-out and data folder). Off by
-    default; ``compare`` and ``sweep`` turn it on (:func:`reusing_data`, and for good in their
-    worker processes), so a worker running cell after cell loads and normalises a dataset once (MNIST: about 1.2 s a
-    run). Runs never write into their data, so a reused copy gives the same results. A data
-    file changed while one command runs is not seen by its later cells."""
+    """The loaded data of this process's last run, handed to its next run when that one reads
+    the same (equal data section and data folder; equal seed for the datasets drawn from
+    it, :data:`~fedclock.data.datasets.SEEDED_DATASETS`). Off by default; ``compare`` and
+    ``sweep`` turn it on (:func:`reusing_data`, and for good in their worker processes), so a
+    worker running cell after cell loads and normalises a dataset once (MNIST: about 1.2 s a
+    run; a sweep's seeds alternate, so a per-seed key would never hit). Runs never write into
+    their data, so a reused copy gives the same results. A data file changed while one
+    command runs is not seen by its later cells."""
 
     def __init__(self) -> None:
         self.enabled = False
@@ -266,14 +276,19 @@ class DataReuse:
     def get(
         self, cfg: ExperimentConfig
     ) -> tuple[Dataset, tuple[torch.Tensor, torch.Tensor] | None]:
-        key = (data_key(cfg), os.environ.get("FEDCLOCK_DATA"))
+        """:func:`_prepare_data` of ``cfg``, from the last loaded copy when it is the same data
+        (the seed counts only for datasets drawn from it; the hold-out is split per run)."""
+        seeded = cfg.data.name in SEEDED_DATASETS
+        key = (cfg.data.model_dump_json(), os.environ.get("FEDCLOCK_DATA"),
+               cfg.seed if seeded else None)  # fmt: skip
         with self._lock:
-            if self.enabled and self._last is not None and self._last[0] == key:
-                return self._last[1]
-        out = _prepare_data(cfg)
+            last = self._last if self.enabled else None
+        if last is not None and last[0] == key:
+            return _prepare_data(cfg, last[1])
+        ds = _load_data(cfg)
         with self._lock:
-            self._last = (key, out) if self.enabled else None
-        return out
+            self._last = (key, ds) if self.enabled else None
+        return _prepare_data(cfg, ds)
 
 
 DATA_REUSE = DataReuse()

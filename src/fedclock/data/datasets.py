@@ -53,6 +53,8 @@ __all__ = [
 ]
 
 DATASET_NAMES = ("cifar10", "cifar100", "digits", "mnist", "shakespeare", "synthetic")
+SEEDED_DATASETS = ("digits", "synthetic")
+"""Datasets whose samples or train/test split :func:`load_dataset` draws from the seed."""
 
 MNIST_FILES = (
     "train-images-idx3-ubyte",

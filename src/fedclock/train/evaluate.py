@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -64,7 +64,7 @@ class Evaluator:
 
 
 def _stack_structure(model: nn.Module) -> tuple[Hashable, ...] | None:
-    """The layers of a model that :func:`_stacked_logits` can run for many versions at once
+    """The layers of a model that :func:`_stacked_logits` runs for many versions at once
     (a ``Classifier`` over ``Flatten``, ``Linear`` and ``ReLU``: the MLPs and logistic
     regression), or None."""
     net = getattr(model, "net", None)
@@ -87,31 +87,40 @@ def _stack_structure(model: nn.Module) -> tuple[Hashable, ...] | None:
     return tuple(out) if stacked else None
 
 
-def _stacked_logits(net: nn.Sequential, states: Sequence[dict[str, torch.Tensor]],
-                    x: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """``(R, B, C)``: the logits of R versions of an MLP on one batch ``x`` in one pass. The
-    first ``Linear`` is one matrix product with the R weight matrices side by side, the
-    others are batched products: each version's logits are computed as by its own forward
-    pass, product by product (the same sums over the same inputs)."""
-    r = len(states)
-    h = x
-    stacked = False
+def _stacked_layers(net: nn.Sequential, states: Sequence[dict[str, torch.Tensor]]) -> list[Any]:
+    """The layers of R versions of an MLP for :func:`_stacked_logits`: the first ``Linear``'s
+    weights side by side (``(R·out, in)``), the others' stacked (``(R, in, out)``)."""
+    out: list[Any] = []
+    first = True
     for name, layer in net.named_children():
         if isinstance(layer, nn.Linear):
             w = [s[f"net.{name}.weight"] for s in states]
             b = [s[f"net.{name}.bias"] for s in states] if layer.bias is not None else None
-            if not stacked:
-                out = F.linear(h, torch.cat(w), None if b is None else torch.cat(b))
-                h = out.view(len(x), r, layer.out_features).transpose(0, 1)
-                stacked = True
-            elif b is None:
-                h = torch.bmm(h, torch.stack(w).transpose(1, 2))
+            if first:
+                out.append(("cat", torch.cat(w), None if b is None else torch.cat(b),
+                            layer.out_features))  # fmt: skip
+                first = False
             else:
-                h = torch.baddbmm(torch.stack(b)[:, None, :], h, torch.stack(w).transpose(1, 2))
-        elif isinstance(layer, nn.ReLU):
-            h = F.relu(h)
-        else:  # Flatten, before the first Linear (see _stack_structure)
-            h = layer(h)
+                bias = None if b is None else torch.stack(b)[:, None, :]
+                out.append(("bmm", torch.stack(w).transpose(1, 2), bias, layer.out_features))
+        else:  # ReLU, or Flatten before the first Linear (see _stack_structure)
+            out.append(("module", layer, None, 0))
+    return out
+
+
+def _stacked_logits(layers: list[Any], r: int, x: torch.Tensor) -> torch.Tensor:
+    """``(R, B, C)``: the logits of R versions of an MLP (:func:`_stacked_layers`) on one batch
+    ``x`` in one pass: the first ``Linear`` as one matrix product with the R weight matrices
+    side by side, the others as batched products — each version's logits computed product by
+    product as in its own forward pass (the same sums over the same inputs)."""
+    h = x
+    for kind, w, b, width in layers:
+        if kind == "cat":
+            h = F.linear(h, w, b).view(len(x), r, width).transpose(0, 1)
+        elif kind == "bmm":
+            h = torch.bmm(h, w) if b is None else torch.baddbmm(b, h, w)
+        else:
+            h = w(h)
     return h
 
 
@@ -135,12 +144,13 @@ def evaluate_joint(requests: Sequence[tuple[Evaluator, ModelVersion]]) -> list[t
         lead = requests[members[0]][0]
         lead.model.eval()
         states = [{**requests[k][1].params, **requests[k][1].buffers} for k in members]
+        layers = _stacked_layers(lead.model.net, states)  # type: ignore[arg-type]
         correct = [0] * len(members)
         loss = [0.0] * len(members)
         n = len(lead.y)
         for i in range(0, n, lead.batch_size):
             xb, yb = lead.x[i : i + lead.batch_size], lead.y[i : i + lead.batch_size]
-            logits = _stacked_logits(lead.model.net, states, xb).contiguous()  # type: ignore[arg-type]
+            logits = _stacked_logits(layers, len(members), xb).contiguous()
             for j in range(len(members)):
                 loss[j] += float(F.cross_entropy(logits[j], yb, reduction="sum"))
                 correct[j] += int((logits[j].argmax(1) == yb).sum())
