@@ -16,8 +16,8 @@ A run's results are those of the same run made alone (its contributions are, see
 :mod:`fedclock.train.joint`); what batching saves is the per-block overhead of many small
 blocks (the SALF MLP grid: one SGD step of 30 clients per round), matrix products too thin
 to run at full speed alone (the test set's), the data's loading, and the threads' contention
-(one call at a time, on all cores, instead of one per run). The batches are joined in the order of the runs in the group, so a batched run is itself
-reproducible.
+(one call at a time, on all cores, instead of one per run). The batches are joined in the
+order of the runs in the group, so a batched run is itself reproducible.
 """
 
 from __future__ import annotations
