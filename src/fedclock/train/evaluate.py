@@ -33,6 +33,7 @@ class Evaluator:
         self.x = x.to(self.device)
         self.y = y.to(self.device)
         self.batch_size = batch_size
+        self._structure = _stack_structure(self.model)  # (for joint_key, on every call)
 
     def __call__(self, version: ModelVersion) -> tuple[float, float]:
         if self.submit is not None:
@@ -57,10 +58,9 @@ class Evaluator:
     def joint_key(self) -> Hashable | None:
         """Evaluators with equal keys (same data tensors, batch size and stackable layer
         structure) can be evaluated together by :func:`evaluate_joint`; None: never."""
-        structure = _stack_structure(self.model)
-        if structure is None:
+        if self._structure is None:
             return None
-        return (id(self.x), id(self.y), self.batch_size, str(self.device), structure)
+        return (id(self.x), id(self.y), self.batch_size, str(self.device), self._structure)
 
 
 def _stack_structure(model: nn.Module) -> tuple[Hashable, ...] | None:
