@@ -3,6 +3,13 @@ with ``--jobs 1`` (cells one after another), ``--jobs 2`` (two local processes) 
 ``--backend ray --jobs 2`` (a local Ray with 2 CPUs), each a fresh command in a fresh folder,
 timed from start to exit; the three ``table.csv`` must be identical (wall-time columns aside).
 
+Also measured: the **ceiling** of ``--jobs 2`` on this machine for this workload. ``--jobs 1``
+gives each cell both cores' threads, ``--jobs 2`` one each, so two cells at once can be at most
+``2 × T(2 threads) / T(1 thread)`` times faster than one after another, even with no
+contention at all: one cell (SALF at straggler ratio 0.5) run alone with 1 and with 2 threads,
+alternately, ``repeats`` times each (its own ``wall_s``: process start and data loading not
+included; the medians).
+
 Needs MNIST (``$FEDCLOCK_DATA`` or ``../shared/data/mnist``); ``--quick`` runs 20 rounds
 instead of 250.
 """
@@ -10,7 +17,9 @@ instead of 250.
 from __future__ import annotations
 
 import csv
+import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,12 +54,10 @@ def run(*, quick: bool = False, repeats: int = 1) -> dict[str, object]:
     from benchmarks.common import machine
 
     data = _mnist()
-    base = [
-        sys.executable, "-m", "fedclock", "sweep", "--preset", "salf-table2-mlp",
-        "--data-dir", str(data), "--seeds", "1234", "-q",
-    ]  # fmt: skip
+    common = ["--preset", "salf-table2-mlp", "--data-dir", str(data), "-q"]
     if quick:
-        base += ["--set", "budget.aggregations=20"]
+        common += ["--set", "budget.aggregations=20"]
+    base = [sys.executable, "-m", "fedclock", "sweep", *common, "--seeds", "1234"]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     times: dict[str, float] = {}
     tables = {}
@@ -62,7 +69,36 @@ def run(*, quick: bool = False, repeats: int = 1) -> dict[str, object]:
             times[name] = round(time.perf_counter() - t0, 1)
             tables[name] = _table(out)
         cells = len(list((Path(tmp) / "jobs-1" / "runs").rglob("summary.json")))
-    return result(times, tables, cells, 20 if quick else 250, machine())
+        alone = [sys.executable, "-m", "fedclock", "run", *common]
+        ceiling = thread_ceiling(alone, env, Path(tmp) / "alone", repeats=max(3, repeats))
+    out = result(times, tables, cells, 20 if quick else 250, machine())
+    out["ceiling"] = ceiling
+    return out
+
+
+def thread_ceiling(
+    run: list[str], env: dict[str, str], out: Path, *, repeats: int
+) -> dict[str, float]:
+    """One cell (the ``fedclock run`` command ``run``) alone with 1 and 2 threads (alternately;
+    its own ``wall_s``, medians) and the most ``--jobs 2`` can gain over ``--jobs 1`` from it:
+    ``2 × T(2) / T(1)``."""
+    walls: dict[int, list[float]] = {1: [], 2: []}
+    for k in range(repeats):
+        for threads in (1, 2):
+            folder = out / f"{threads}-{k}"
+            subprocess.run(
+                [*run, "--set", "population.straggler_ratio=0.5", "--set",
+                 f"executor.threads={threads}", "--out", str(folder)],
+                check=True, env=env,
+            )  # fmt: skip
+            summary = json.loads((folder / "summary.json").read_text())
+            walls[threads].append(float(summary["wall_s"]))
+    one, two = statistics.median(walls[1]), statistics.median(walls[2])
+    return {
+        "cell_s_1_thread": round(one, 2),
+        "cell_s_2_threads": round(two, 2),
+        "max_speedup_jobs_2": round(2 * two / one, 2),
+    }
 
 
 def result(
@@ -86,5 +122,12 @@ def rows(r: dict[str, object]) -> list[tuple[str, str]]:
     speedup: dict[str, float] = r["speedup"]  # type: ignore[assignment]
     out = [(name, f"{s} s  ({speedup[name]}×)") for name, s in seconds.items()]
     out.append(("cells", str(r["cells"])))
+    c: dict[str, float] | None = r.get("ceiling")  # type: ignore[assignment]
+    if c:
+        out.append((
+            "ceiling of --jobs 2",
+            f"{c['max_speedup_jobs_2']}× (a cell alone: {c['cell_s_1_thread']} s with 1 thread, "
+            f"{c['cell_s_2_threads']} s with 2)",
+        ))  # fmt: skip
     out.append(("tables identical", str(r["tables_identical"])))
     return out

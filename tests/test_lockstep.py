@@ -209,6 +209,11 @@ def test_auto_batch_runs_and_groups() -> None:
     assert auto_batch_runs(serial) == 1
     groups = batch_groups(["a1", "b1", "a2", "b2", "a3"], 2, key=lambda s: s[0])
     assert groups == [["a1", "a2"], ["a3", "b1"], ["b2"]]  # same data together
+    sizes = [len(g) for g in batch_groups(list(range(51)), 8, key=lambda c: 0, workers=2)]
+    assert sizes == [7, 7, 7, 6, 6, 6, 6, 6]  # 2 workers busy to the end (not 8 × 6 + 3)
+    assert [len(g) for g in batch_groups(list(range(17)), 8, key=lambda c: 0)] == [6, 6, 5]
+    assert [len(g) for g in batch_groups(list(range(4)), 8, key=lambda c: 0, workers=2)] == [4]
+    assert batch_groups([], 8, key=lambda c: 0) == []
 
 
 def test_batched_groups_run_one_per_core_by_default() -> None:

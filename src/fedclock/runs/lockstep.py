@@ -231,14 +231,29 @@ def run_cells_together(
 
 
 def batch_groups(
-    cells: Sequence[Any], size: int, key: Callable[[Any], Hashable]
+    cells: Sequence[Any], size: int, key: Callable[[Any], Hashable], workers: int = 1
 ) -> list[list[Any]]:
-    """Groups of at most ``size`` cells, those with equal ``key`` (their data) together."""
+    """Groups of at most ``size`` cells, those with equal ``key`` (their data) together, as
+    even in size as can be and, when there is more than one wave of groups, as many as a
+    multiple of ``workers`` (the groups that run at once): 51 cells on 2 workers in groups
+    of at most 8 are 8 groups of 6 or 7 (two workers busy to the end), not 7 groups of 8, 8,
+    8, 8, 8, 8 and 3 (the last one alone)."""
     order: dict[Hashable, list[Any]] = {}
     for cell in cells:
         order.setdefault(key(cell), []).append(cell)
     ranked = [cell for same in order.values() for cell in same]
-    return [ranked[i : i + size] for i in range(0, len(ranked), size)]
+    if not ranked:
+        return []
+    count = -(-len(ranked) // size)
+    if count > workers > 1:
+        count = min(len(ranked), -(-count // workers) * workers)
+    small, extra = divmod(len(ranked), count)
+    out, at = [], 0
+    for g in range(count):
+        n = small + (g < extra)
+        out.append(ranked[at : at + n])
+        at += n
+    return out
 
 
 __all__ = [

@@ -165,7 +165,7 @@ class CellRunner:
         cpus = os.cpu_count() or 1
         workers = batch_workers(len(cells), self.batch_runs, self.jobs, self.backend, cpus)
         size = max(1, min(self.batch_runs, -(-len(cells) // workers)))
-        groups = batch_groups(cells, size, lambda c: data_key(c.cfg))
+        groups = batch_groups(cells, size, lambda c: data_key(c.cfg), workers)
         out: dict[Path, RunResult | CellFailure] = {}
         todo: list[Cell] = []
 

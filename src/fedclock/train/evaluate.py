@@ -119,6 +119,8 @@ def _stacked_logits(layers: list[Any], r: int, x: torch.Tensor) -> torch.Tensor:
             h = F.linear(h, w, b).view(len(x), r, width).transpose(0, 1)
         elif kind == "bmm":
             h = torch.bmm(h, w) if b is None else torch.baddbmm(b, h, w)
+        elif h is not x and isinstance(w, nn.ReLU):
+            h = h.relu_()  # on this pass's own activations (the same values, no new tensor)
         else:
             h = w(h)
     return h
@@ -150,10 +152,14 @@ def evaluate_joint(requests: Sequence[tuple[Evaluator, ModelVersion]]) -> list[t
         n = len(lead.y)
         for i in range(0, n, lead.batch_size):
             xb, yb = lead.x[i : i + lead.batch_size], lead.y[i : i + lead.batch_size]
-            logits = _stacked_logits(layers, len(members), xb).contiguous()
+            logits = _stacked_logits(layers, len(members), xb)  # (R, B, C)
+            # cross_entropy is nll_loss of log_softmax: both row by row, so taken for the R
+            # versions at once they equal each version's own; each sum stays per version
+            log_p = torch.log_softmax(logits, -1)
+            hits = (logits.argmax(-1) == yb).sum(1).tolist()
             for j in range(len(members)):
-                loss[j] += float(F.cross_entropy(logits[j], yb, reduction="sum"))
-                correct[j] += int((logits[j].argmax(1) == yb).sum())
+                loss[j] += float(F.nll_loss(log_p[j], yb, reduction="sum"))
+                correct[j] += hits[j]
         for j, k in enumerate(members):
             out[k] = (correct[j] / n, loss[j] / n)
     return [x for x in out if x is not None]
