@@ -49,6 +49,23 @@ def test_stacked_versions_get_their_own_accuracy_and_loss(arch: str, kw: dict[st
     assert len({round(loss, 6) for _, loss in got[:4]}) == 4
 
 
+def test_stacked_pass_leaves_the_test_data_alone() -> None:
+    # a ReLU before the first Linear (on a view of the data) must not run in place
+    x, y = _data(64)
+    model = _model("mlp", 0, hidden=[16])
+    model.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.ReLU(), *list(model.net)[1:])
+    assert _stack_structure(model) is not None
+    before = x.clone()
+    evs = [Evaluator(model, x, y, batch_size=32) for _ in range(2)]
+    other = _model("mlp", 1, hidden=[16])
+    other.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.ReLU(), *list(other.net)[1:])
+    versions = [snapshot(model, 0), snapshot(other, 1)]
+    got = evaluate_joint(list(zip(evs, versions, strict=True)))
+    assert torch.equal(x, before)
+    for ev, version, (acc, loss) in zip(evs, versions, got, strict=True):
+        assert (acc, loss) == pytest.approx(ev.measure(version), rel=1e-5, abs=1 / len(y))
+
+
 def test_only_linear_relu_classifiers_stack() -> None:
     assert _stack_structure(_model("mlp", 0, hidden=[16])) is not None
     assert _stack_structure(_model("logreg", 0)) is not None

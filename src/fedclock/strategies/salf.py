@@ -471,6 +471,8 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
         shapes=frozenset({type(FULL), Suffix, Width}),  # what the work planners dispatch
         layout=layout, suffix_trains_fully=sc.mode == "reference",
         momentum_per_client=sc.mode == "reference",
-        synchronous=True,  # rounds: a block's updates are aggregated together (shared memory)
+        # a round's block of updates is aggregated together (the executor may share its
+        # memory), except AsyncFL's: its stragglers' updates arrive rounds later
+        synchronous=method != "asyncfl",
     )  # fmt: skip
     return Strategy(name=method, planner=work, trigger=rounds, aggregator=aggregator, needs=needs)

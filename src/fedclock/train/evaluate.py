@@ -114,13 +114,15 @@ def _stacked_logits(layers: list[Any], r: int, x: torch.Tensor) -> torch.Tensor:
     side by side, the others as batched products — each version's logits computed product by
     product as in its own forward pass (the same sums over the same inputs)."""
     h = x
+    owned = False  # h is this pass's own tensor (not the data or a view of it)
     for kind, w, b, width in layers:
         if kind == "cat":
             h = F.linear(h, w, b).view(len(x), r, width).transpose(0, 1)
+            owned = True
         elif kind == "bmm":
             h = torch.bmm(h, w) if b is None else torch.baddbmm(b, h, w)
-        elif h is not x and isinstance(w, nn.ReLU):
-            h = h.relu_()  # on this pass's own activations (the same values, no new tensor)
+        elif owned and isinstance(w, nn.ReLU):
+            h = h.relu_()  # the same values, no new tensor
         else:
             h = w(h)
     return h
