@@ -15,11 +15,24 @@ Given as the median of 20 passes and as the fastest pass: this virtual machine's
 drifts from minute to minute (the same matrix product takes 49–93 ms), so the fastest pass
 is the floor at the machine's best and the median its typical value.
 
+And the **bound of the bookkeeping**: one seed's sweep (17 runs) with ``--jobs 1`` and 1
+thread, timed by :mod:`benchmarks.sweep_components`: the share of its wall time spent in the
+evaluations and in the training steps themselves (the ``vmap``'d forward-backward passes and
+SGD updates). Everything else — drawing batches, stacking and copying per-client state,
+deltas, aggregation, recording, the runs' synchronisation, start-up and data loading — is
+what faster code could remove; were it free, the default would take that share of its time.
+
+``SWEEP_BASELINE_SRC=/path/to/other/checkout/src`` adds a first variant, the sequential sweep
+(``--batch-runs 1``) of that source (e.g. a ``git worktree`` of ``b7ee116``, the code before
+run batching), measured in the same session: the speedups are then against it, since this
+machine's speed drifts too much between sessions for a figure from another day.
+
 Needs MNIST (``$FEDCLOCK_DATA`` or ``../shared/data/mnist``); ``--quick``: 20 rounds, 1 seed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -50,23 +63,69 @@ def run(*, quick: bool = False, repeats: int = 1) -> dict[str, object]:
     if quick:
         base += ["--set", "budget.aggregations=20"]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    variants = {name: (extra, env) for name, extra in VARIANTS.items()}
+    baseline = os.environ.get("SWEEP_BASELINE_SRC")
+    if baseline:  # the older code's sequential sweep, first: the speedups are against it
+        old_env = {**os.environ, "PYTHONPATH": baseline}
+        variants = {"baseline, batch-runs 1": (["--batch-runs", "1"], old_env), **variants}
     times: dict[str, float] = {}
     tables = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, extra in VARIANTS.items():
+        for name, (extra, env_of) in variants.items():
             if common.WAIT_FOR_QUIET:
                 common.wait_quiet()
             out = Path(tmp) / _folder(name)
             t0 = time.perf_counter()
-            subprocess.run([*base, *extra, "--out", str(out)], check=True, env=env)
+            subprocess.run([*base, *extra, "--out", str(out)], check=True, env=env_of)
             times[name] = round(time.perf_counter() - t0, 1)
             tables[name] = _table(out)
-        first = next(iter(VARIANTS))
+        first = next(iter(variants))
         cells = len(list((Path(tmp) / _folder(first)).rglob("summary.json")))
+        if common.WAIT_FOR_QUIET:
+            common.wait_quiet()
+        shares = components(base[4:], env, Path(tmp))
     rounds = 20 if quick else 250
     out = result(times, tables, cells, rounds, machine())
+    if baseline:
+        out["baseline_src"] = baseline
     out["evaluation_floor"] = evaluation_floor(cells, rounds, times[first])
+    default = times["batch-runs auto (a group per core)"]
+    out["bookkeeping_bound"] = bookkeeping_bound(shares, default, times[first])
     return out
+
+
+def components(sweep: list[str], env: dict[str, str], tmp: Path) -> dict[str, float]:
+    """:mod:`benchmarks.sweep_components` on one seed of the sweep (``sweep``: the ``fedclock
+    sweep`` arguments), ``--jobs 1`` and 1 thread."""
+    args = [a for a in sweep if a != "-q"]
+    seeds = args.index("--seeds")
+    args[seeds + 1] = args[seeds + 1].split(",")[0]
+    report = tmp / "components.json"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.sweep_components", str(report), *args, "-q",
+         "--jobs", "1", "--set", "executor.threads=1", "--out", str(tmp / "components")],
+        check=True, env={**env, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"},
+    )  # fmt: skip
+    shares: dict[str, float] = json.loads(report.read_text())
+    return shares
+
+
+def bookkeeping_bound(
+    shares: dict[str, float], default_s: float, first_s: float
+) -> dict[str, float]:
+    """The default's time were everything but the evaluations and the training steps free:
+    their share of the one-process run (``shares``) × the default's wall time."""
+    arithmetic = shares["evaluation_s"] + shares["training_steps_s"]
+    share = arithmetic / shares["wall_s"]
+    return {
+        "wall_s": round(shares["wall_s"], 1),
+        "evaluation_s": round(shares["evaluation_s"], 1),
+        "training_steps_s": round(shares["training_steps_s"], 1),
+        "other_s": round(shares["wall_s"] - arithmetic, 1),
+        "arithmetic_share": round(share, 3),
+        "bound_s": round(share * default_s, 1),
+        "max_speedup": round(first_s / (share * default_s), 2),
+    }
 
 
 def evaluation_floor(cells: int, rounds: int, sequential_s: float) -> dict[str, float]:
@@ -136,6 +195,14 @@ def rows(r: dict[str, object]) -> list[tuple[str, str]]:
         f"ms with {f['threads']} threads, {f['ms_8_stacked_1_thread']} ms with 1; one version "
         f"{f['ms_one_version']} ms): at most {f['max_speedup']}× the first",
     ))  # fmt: skip
+    b: dict[str, float] | None = r.get("bookkeeping_bound")  # type: ignore[assignment]
+    if b:
+        out.append((
+            "bookkeeping bound",
+            f"one seed, 1 thread: {b['wall_s']} s = evaluations {b['evaluation_s']} + training "
+            f"steps {b['training_steps_s']} + other {b['other_s']}; with the other free the "
+            f"default would take {b['bound_s']} s: at most {b['max_speedup']}× the first",
+        ))  # fmt: skip
     if "best_floor_s" in f:
         out.append((
             "evaluation floor, fastest pass",
@@ -149,4 +216,4 @@ def _folder(variant: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in variant)
 
 
-__all__ = ["evaluation_floor", "rows", "run"]
+__all__ = ["bookkeeping_bound", "components", "evaluation_floor", "rows", "run"]

@@ -200,6 +200,18 @@ def test_a_failing_run_leaves_the_others_and_the_runner_retries_it_once(tmp_path
     assert ("retry", "bad") in events and ("failed", "bad") in events
 
 
+def test_the_runner_reports_the_lockstep_groups_sizes(tmp_path: Path) -> None:
+    cells = [Cell(f"c{s}", _cfg(STRATEGIES["fedavg"], s), tmp_path / f"c{s}") for s in range(5)]
+    sizes: list[list[int]] = []
+    runner = CellRunner(
+        jobs=1, batch_runs=3,
+        on_event=lambda kind, label, d: sizes.append(d) if kind == "groups" else None,
+    )  # fmt: skip
+    out = runner.run(cells)
+    assert len(out) == 5
+    assert sizes == [[3, 2]]  # 5 runs in groups of at most 3, as even as can be
+
+
 def test_auto_batch_runs_and_groups() -> None:
     mlp = validate(tiny_raw())
     assert auto_batch_runs(mlp) == AUTO_MAX_RUNS
@@ -235,7 +247,8 @@ def test_cli_compare_batched_and_alone_write_the_same_table(tmp_path: Path) -> N
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, [*args, "--out", str(tmp_path / "b")])  # MLP: batched by default
     assert res.exit_code == 0, res.output
-    assert f"cells ({AUTO_MAX_RUNS} in lockstep, a group per core)" in res.output
+    # 4 cells are one group (every worker gets a group): the bar gives its actual size
+    assert "cells (4 in lockstep, a group per core)" in res.output
     assert "done 4" in res.output
     for run in ("fedavg/seed-1", "fedavg/seed-2", "drop-stragglers/seed-1"):
         _assert_same_run(tmp_path / "a" / "runs" / run, tmp_path / "b" / "runs" / run)

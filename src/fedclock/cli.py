@@ -457,18 +457,25 @@ def _runner(
         return None
     counts = {"start": 0, "done": 0, "failed": 0, "retry": 0}
     where = f"{backend}, {jobs or 'all'} at a time" if backend == "local" else backend
-    if batch_runs > 1:  # groups of runs in lockstep (in this process when jobs is 1)
+
+    def describe(size: str) -> str:  # groups of runs in lockstep (here when jobs is 1)
         if backend == "local" and jobs is None:  # a group per core (one group: here)
-            where = f"{batch_runs} in lockstep, a group per core"
-        elif backend == "local" and jobs == 1:
-            where = f"{batch_runs} in lockstep"
-        else:
-            where = f"{where}, {batch_runs} in lockstep"
-    task = progress.add_task(f"cells ({where})", total=None, status="")
+            return f"cells ({size} in lockstep, a group per core)"
+        if backend == "local" and jobs == 1:
+            return f"cells ({size} in lockstep)"
+        return f"cells ({where}, {size} in lockstep)"
+
+    task = progress.add_task(
+        describe(str(batch_runs)) if batch_runs > 1 else f"cells ({where})", total=None, status=""
+    )
 
     def on_event(kind: str, label: str, detail: Any) -> None:
         if kind == "plan":
             progress.update(task, total=detail)
+            return
+        if kind == "groups":  # the groups' actual sizes: e.g. 51 cells on 2 cores, 6–7
+            lo, hi = min(detail), max(detail)
+            progress.update(task, description=describe(str(hi) if lo == hi else f"{lo}–{hi}"))
             return
         counts[kind] += 1
         if kind == "retry":

@@ -51,8 +51,9 @@ class CellFailure:
     error: str
 
 
-# on_event(kind, label, detail): "plan" (detail: the number of cells) | "start" | "done"
-# (detail: the RunResult) | "retry" | "failed" (detail: the error sentence)
+# on_event(kind, label, detail): "plan" (detail: the number of cells) | "groups" (run
+# batching; detail: the lockstep groups' sizes) | "start" | "done" (detail: the RunResult) |
+# "retry" | "failed" (detail: the error sentence)
 OnEvent = Callable[[str, str, Any], None]
 
 
@@ -166,6 +167,7 @@ class CellRunner:
         workers = batch_workers(len(cells), self.batch_runs, self.jobs, self.backend, cpus)
         size = max(1, min(self.batch_runs, -(-len(cells) // workers)))
         groups = batch_groups(cells, size, lambda c: data_key(c.cfg), workers)
+        self.on_event("groups", "", [len(g) for g in groups])
         out: dict[Path, RunResult | CellFailure] = {}
         todo: list[Cell] = []
 

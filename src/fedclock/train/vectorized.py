@@ -464,13 +464,18 @@ class VectorizedExecutor:
             (n, k): batch_positions(batch_keys(self.seed, [tasks[j] for j in members]), n, k, b)
             for (n, k), members in groups.items()
         }
-        if len(groups) == 1:
-            pos = next(iter(positions.values()))  # every client of the block, in order
-            if pos.shape[1] == n_steps * b:  # no padding anywhere: one gather for the block
-                all_idx, offsets = self.data.flat
-                clients = np.fromiter((t.client for t in tasks), dtype=np.int64, count=n_clients)
-                at = torch.from_numpy(offsets[clients][:, None] + pos)
-                return all_idx[at].view(n_clients, n_steps, b)
+        if all(p.shape[1] == n_steps * b for p in positions.values()):
+            # no padding anywhere (e.g. an IID split's sizes n and n + 1): one gather
+            if len(groups) == 1:
+                pos = next(iter(positions.values()))  # every client of the block, in order
+            else:
+                pos = np.empty((n_clients, n_steps * b), dtype=np.int64)
+                for key, members in groups.items():
+                    pos[members] = positions[key]
+            all_idx, offsets = self.data.flat
+            clients = np.fromiter((t.client for t in tasks), dtype=np.int64, count=n_clients)
+            at = torch.from_numpy(offsets[clients][:, None] + pos)
+            return all_idx[at].view(n_clients, n_steps, b)
         flat: list[torch.Tensor] = [torch.empty(0, dtype=torch.int64)] * n_clients
         for key, members in groups.items():
             for r, j in enumerate(members):
