@@ -848,13 +848,15 @@ def test_a_shape_brings_its_own_loss(vectorize: bool) -> None:
 def test_block_rows_are_each_clients_own_batches(steps: list[int]) -> None:
     """A block's global rows (one gather when nothing is padded, also across clients of two
     sizes, as an IID split's n and n + 1) are each client's ``batch_schedule`` rows; −1 pads."""
+    from dataclasses import replace
+
     from fedclock.train.executor import batch_schedule
 
     sizes = [17, 16, 17, 16]
     data = _data(sizes, (6,))
     m = build_model("logreg", input_shape=(6,), num_classes=10, seed=0)
     tasks = [
-        replace_plan(t, local_sgd_plan(sizes[t.client], 4, local_epochs=None, local_steps=k))
+        replace(t, plan=local_sgd_plan(sizes[t.client], 4, local_epochs=None, local_steps=k))
         for t, k in zip(_tasks(snapshot(m, 0), sizes, 4, steps=3), steps, strict=True)
     ]
     ex = make_executor(Needs(), m, data, seed=5, local=LocalTraining(lr=0.1), kind="vectorized")
@@ -867,9 +869,3 @@ def test_block_rows_are_each_clients_own_batches(steps: list[int]) -> None:
         for s in range(3):
             got = rows[j, s].tolist()
             assert got == (want[s] if s < steps[j] else [-1] * 4)
-
-
-def replace_plan(task: Task, plan: Any) -> Task:
-    from dataclasses import replace
-
-    return replace(task, plan=plan)
