@@ -18,10 +18,15 @@ blocks (the SALF MLP grid: one SGD step of 30 clients per round), matrix product
 to run at full speed alone (the test set's), the data's loading, and the threads' contention
 (one call at a time, on all cores, instead of one per run). The batches are joined in the
 order of the runs in the group, so a batched run is itself reproducible.
+
+Memory: glibc gives each new thread that allocates its own malloc arena, and an arena keeps
+what its thread freed. A group of 17 runs held ≈ 2.3 GB that way, against ≈ 1.2 GB with
+the arenas capped (:func:`limit_malloc_arenas`, called before a group's threads start).
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -188,6 +193,24 @@ class Lockstep:
         self._cond.notify_all()
 
 
+MALLOC_ARENAS = 2
+"""glibc's ``M_ARENA_MAX`` in a process that runs a lockstep group: its threads take turns,
+so they gain nothing from arenas of their own, and each would keep its freed memory."""
+
+_M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
+
+
+def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
+    """Cap glibc's malloc arenas for this process (``mallopt(M_ARENA_MAX, arenas)``, as the
+    ``MALLOC_ARENA_MAX`` environment variable would at start-up); False where the C library
+    is not glibc. It changes where memory comes from, never a result."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_ARENA_MAX, arenas))
+    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl)
+        return False
+
+
 def run_cells_together(
     cells: Sequence[tuple[ExperimentConfig, Path]],
     on_done: Callable[[int, Any], None] = lambda k, result: None,
@@ -198,6 +221,8 @@ def run_cells_together(
     leaves its run folder, as a run alone does) and is raised again once they stopped."""
     from fedclock.runs.cache import run_cell
 
+    if len(cells) > 1:
+        limit_malloc_arenas()
     group = Lockstep(len(cells))
     results: list[Any] = [None] * len(cells)
 
@@ -259,9 +284,11 @@ def batch_groups(
 __all__ = [
     "AUTO_MAX_RUNS",
     "BATCH_INVARIANT_ARCHS",
+    "MALLOC_ARENAS",
     "Lockstep",
     "auto_batch_runs",
     "batch_groups",
     "data_key",
+    "limit_malloc_arenas",
     "run_cells_together",
 ]
