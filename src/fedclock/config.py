@@ -452,7 +452,13 @@ class _FedRAAFields(AsyncOptions):
         "paper",
         description="paper: Alg. 1 and 2 as written (neuron-group fragments, α mixing, "
         "proximal ρ); reference: the authors' code (element-wise fragments charged their "
-        "share, θ + (n_i/n)·s·Δ with s = 1/(1 + duration/100), counts at assignment)",
+        "share, θ + (n_i/n)·s·Δ with s = 1/(1 + duration/100), deterministic Gre-RAA)",
+    )
+    count: Literal["assigned", "completed"] = Field(
+        "assigned",
+        description="the event that increments a fragment's update count q(j): assigned "
+        "(handed to a client, as the authors' code counts: the scheduler spreads clients "
+        "over fragments) or completed (a global update of it, Alg. 1's wording)",
     )
 
     #: the scheduler and synchrony of a named ablation (fed-raa has them as fields)
@@ -472,6 +478,8 @@ class _FedRAAFields(AsyncOptions):
         out = set(super().unread(cfg))
         if cls.setting(cfg, "scheduler") != "gre-raa":  # Random and MP-RAA ignore K
             out.add("strategy.k")
+        if cls.setting(cfg, "scheduler") == "random":  # a uniform draw: no counts q(j)
+            out.add("strategy.count")
         if cls.option(cfg, "mode") == "reference":  # no mixing weight, staleness or ρ
             out |= {
                 "strategy.alpha", "strategy.rho", "strategy.staleness", "strategy.staleness_a",

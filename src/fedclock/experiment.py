@@ -78,7 +78,7 @@ def check_deadline(strategy: Strategy, population: Population, cfg: ExperimentCo
         return
     best = math.inf
     for client in range(len(population)):
-        plan_cost: TaskCost = strategy.planner.plan(None, client)[1]  # type: ignore[arg-type]
+        plan_cost: TaskCost = strategy.planner.nominal(client)[1]
         timing = population.nominal_timing(client, plan_cost)
         # with a random slowdown the compute can shrink, communication cannot
         floor = (
@@ -117,10 +117,7 @@ def client_table(
     """clients.csv columns: importance p_i, nominal update time τ_i, participations,
     total weight received and its normalised share q̃_i, and the last training loss."""
     n = len(population)
-    tau = [
-        population.nominal_timing(c, strategy.planner.plan(None, c)[1]).duration  # type: ignore[arg-type]
-        for c in range(n)
-    ]
+    tau = [population.nominal_timing(c, strategy.planner.nominal(c)[1]).duration for c in range(n)]
     received = sim.per_client(sim.counters.weight_received)
     total = float(received.sum())
     cols: dict[str, Any] = {

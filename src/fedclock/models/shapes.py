@@ -103,12 +103,14 @@ def fragment_masks(
     shapes: dict[str, tuple[int, ...]], ratios: Sequence[float]
 ) -> list[dict[str, torch.Tensor]]:
     """Fed-RAA's fragments (our reading of Zhang et al., App. C): fragment j is neuron group
-    j of every hidden layer — those neurons' incoming weights and biases and their outgoing
-    weights into the next layer (the next hidden layer's group j, or every output unit).
+    j of every hidden layer — those neurons' biases and all their incoming weights (from
+    every input, or from every unit of the hidden layer below: a weight between groups
+    a → b belongs to the fragment of its destination b) — and their outgoing weights into
+    every output unit. Every weight of a hidden layer belongs to exactly one fragment.
 
     Tensors in forward order; every tensor of ≥ 2 dims is a weight layer whose first dim is
     its output units (channels for a convolution); the last weight layer is the output
-    layer, whose outputs (and bias) every fragment holds. A linear layer after a
+    layer, whose outputs (and bias) every fragment holds. The output layer after a
     convolution takes the group's channels' flattened features (channel-major). A group
     gets ``ratios[j]`` % of each hidden layer's units (:func:`group_bounds`). Returns one
     boolean mask per tensor per fragment; together they cover every element of the hidden
@@ -138,8 +140,11 @@ def fragment_masks(
                 )
             for j, m in enumerate(masks):
                 rows = slice(None) if cur is None else slice(cur[j], cur[j + 1])
+                # a hidden neuron owns every incoming weight (from every group of the layer
+                # below: cross-group weights go to the destination's fragment); the output
+                # layer's weights go with the hidden neuron they leave
                 cols = (
-                    slice(None) if prev is None
+                    slice(None) if prev is None or cur is not None
                     else slice(prev[j] * per_unit, prev[j + 1] * per_unit)
                 )  # fmt: skip
                 m[n][(rows, cols)] = True
@@ -364,6 +369,10 @@ class Program:
     # element masks (a model fragment): the task's model holds only these elements of
     # each named tensor (the others are zero while it trains, and their Δ is 0)
     masks: Mapping[str, torch.Tensor] | None = None
+    # what the masked-out elements hold while the task trains: "zero" (the authors'
+    # element-wise fragments: the model holds only its elements) or "base" (frozen at the
+    # downloaded values: a deeper model's neuron fragment computes through every unit)
+    mask_fill: str = "zero"
     tag: Hashable = None  # tells apart programs that differ only in their masks
 
     @property
@@ -530,10 +539,10 @@ class Width(WorkShape):
 @dataclass(frozen=True)
 class Fragment(WorkShape):
     """Fed-RAA's model fragment ``index`` (0-based) of ``len(ratios)``: neuron group
-    ``index`` of every hidden layer (:func:`fragment_masks`). The task's model holds only the
-    fragment (the other hidden neurons are absent: their weights are zero while it trains);
-    it trains and sends the fragment's elements, the output bias included (every fragment
-    holds it)."""
+    ``index`` of every hidden layer (:func:`fragment_masks`). With one split hidden layer the
+    task's model is the fragment alone (the other hidden neurons are absent); with more, it
+    computes through the other groups frozen at the downloaded values. It trains and sends
+    the fragment's elements, the output bias included (every fragment holds it)."""
 
     index: int
     ratios: tuple[float, ...]
@@ -572,16 +581,28 @@ class Fragment(WorkShape):
             n: (partial[n] if n in partial else bool(masks[n].any())) for n in layout.param_shapes
         }
         tag = (self.index, self.ratios, self.kind)
-        # a neuron group is a block of every tensor: the task trains the narrower network
-        # of its slices (the absent neurons cost nothing); else the full tensors, masked
+        if self.kind == "elements":  # the authors' split: the model holds only its elements
+            return Program(trains=names, sends=frozenset(names), coverage=cover,
+                           masks=partial, tag=tag)  # fmt: skip
+        # one split hidden layer (the paper's MLPs): the fragment is a block of every tensor
+        # and a network of its own — the task trains the narrower network of its slices (the
+        # absent neurons cost nothing). Deeper models: its neurons' inputs come from every
+        # unit below, so the task computes through the whole model, the other groups
+        # frozen at the downloaded values, and trains its own elements only
+        split = [
+            n
+            for n, m in masks.items()
+            if m.dim() >= 2 and not bool(m.reshape(m.shape[0], -1).any(1).all())
+        ]  # fmt: skip  (weight tensors of which the fragment holds only some units)
         views = {n: box_view(masks[n]) for n in layout.param_shapes}
-        if all(v is not None for v in views.values()):
+        if len(split) <= 1 and all(v is not None for v in views.values()):
             boxes = {n: v for n, v in views.items() if v is not None}
             return Program(
                 trains=tuple(layout.param_shapes), sends=frozenset(layout.param_shapes),
                 views=boxes, coverage=cover, tag=tag,
             )  # fmt: skip
-        return Program(trains=names, sends=frozenset(names), coverage=cover, masks=partial, tag=tag)
+        return Program(trains=names, sends=frozenset(names), coverage=cover, masks=partial,
+                       mask_fill="base", tag=tag)  # fmt: skip
 
     def cost(self, layout: Layout, samples: int) -> TaskCost:
         """Each unit's forward and backward FLOPs scaled by the share of its weights the

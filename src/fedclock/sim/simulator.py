@@ -278,6 +278,9 @@ class Simulator:
         self._on_last_base = [0] * len(population)
         # the hot path's look-ups, bound once (a Strategy binds its parts' methods)
         self._plan = strategy.plan
+        # the planner's state hooks (Planner's contract: planning has no side effects)
+        self._on_dispatch = getattr(strategy, "on_dispatch", None)
+        self._on_commit = getattr(strategy, "on_commit", None)
         self._timing = population.timing
         self._pending: dict[int, Task] = {}  # dispatched, not executed yet (by task id)
         self._results: dict[int, Contribution] = {}
@@ -334,6 +337,8 @@ class Simulator:
         if execute:
             self._pending[task.task_id] = task
         self.push(task.t_finish, _ARRIVAL, task)
+        if self._on_dispatch is not None:
+            self._on_dispatch(task)
         return task
 
     def start(self, client: int) -> Task:
@@ -360,6 +365,8 @@ class Simulator:
         self._pending[tid] = task
         down, compute, up = timing  # arrival at t_finish (the same float sums)
         _heappush(self._heap, (now + (down + compute + up), next(self._seq), _ARRIVAL, task))
+        if self._on_dispatch is not None:
+            self._on_dispatch(task)
         return task
 
     def cancel(self, task: Task) -> None:
@@ -411,6 +418,8 @@ class Simulator:
                 )
         current = self.model.version
         self.model = self.strategy.aggregate(self.ctx, contributions)
+        if self._on_commit is not None:
+            self._on_commit(contributions)
         ctr = self.counters
         ctr.aggregations += 1
         ctr.updates_used += len(contributions)

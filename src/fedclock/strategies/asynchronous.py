@@ -94,7 +94,7 @@ class UpdateTimes:
         if self.source == "profile":
             self._profile = np.array(
                 [
-                    ctx.population.nominal_timing(c, self.planner.plan(ctx, c)[1]).duration
+                    ctx.population.nominal_timing(c, self.planner.nominal(c)[1]).duration
                     for c in range(n)
                 ]
             )

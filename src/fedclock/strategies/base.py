@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -19,12 +19,23 @@ from fedclock.devices.population import Population
 from fedclock.models.shapes import FULL
 from fedclock.sim.checkpoint import register_value_type
 from fedclock.sim.simulator import Context
-from fedclock.sim.types import Contribution, ModelVersion, TaskPlan
+from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
 from fedclock.train.local import Needs
 
 
 class Planner(Protocol):
+    """What a client computes. The contract: ``plan`` and ``nominal`` have no side effects
+    (the simulator may ask for a plan it never dispatches); a planner that keeps state
+    changes it in the optional hooks ``on_dispatch(task)`` (a task really started) and
+    ``on_commit(contributions)`` (updates used by a server step), which the simulator
+    calls when the strategy's planner has them."""
+
     def plan(self, ctx: Context, client: int) -> tuple[TaskPlan, TaskCost]: ...
+
+    def nominal(self, client: int) -> tuple[TaskPlan, TaskCost]:
+        """The client's nominal task (its full one): what the trigger's update times τ_i,
+        the deadline check and ``clients.csv`` are computed from."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +55,9 @@ class Work:
 
 class RoundWork(Planner, Protocol):
     """A planner that decides a synchronous round's work for every participant at once
-    (:class:`fedclock.strategies.triggers.SyncRounds` asks it at each round start);
-    ``plan`` stays the client's full task (the nominal one, e.g. for ``clients.csv``)."""
+    (:class:`fedclock.strategies.triggers.SyncRounds` asks it once at each round start and
+    dispatches every plan it returns, so a round planner may keep its round's state here).
+    """
 
     def assign(self, ctx: Context, r: int, clients: np.ndarray) -> list[Work]: ...
 
@@ -98,6 +110,11 @@ class Strategy:
         for name, part in (("plan", self.planner), ("on_arrival", self.trigger)):
             if getattr(type(self), name) is getattr(Strategy, name):
                 setattr(self, name, getattr(part, name))
+        # the planner's state hooks (None: it keeps no state the simulator must tell it of)
+        self.on_dispatch: Callable[[Task], None] | None = getattr(self.planner, "on_dispatch", None)
+        self.on_commit: Callable[[Sequence[Contribution]], None] | None = getattr(
+            self.planner, "on_commit", None
+        )
 
     def plan(self, ctx: Context, client: int) -> tuple[TaskPlan, TaskCost]:
         return self.planner.plan(ctx, client)

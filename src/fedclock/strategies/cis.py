@@ -204,9 +204,12 @@ class ExitWork:
         scale = float(self.lr_scale(r))
         return [Work(*self._work(int(c), int(exits[c]), scale)) for c in clients]
 
-    def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
+    def nominal(self, client: int) -> tuple[TaskPlan, TaskCost]:
         """The node's nominal task: its own (deepest) exit."""
         return self._work(client, self.tree.exit[client], 1.0)
+
+    def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
+        return self.nominal(client)  # a round's work comes from assign()
 
 
 # ----------------------------------------------------------------------------- aggregator

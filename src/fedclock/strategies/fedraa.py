@@ -25,13 +25,16 @@ import torch
 from fedclock.devices.cost import TaskCost
 from fedclock.models.shapes import FRAGMENT_RATIOS, FULL, Fragment, Layout, build_units
 from fedclock.sim.simulator import Context
-from fedclock.sim.types import Contribution, ModelVersion, Params, TaskPlan
+from fedclock.sim.types import Contribution, ModelVersion, Params, Task, TaskPlan
 from fedclock.strategies.aggregators import FedAvgAggregator, weighted_delta
 from fedclock.strategies.base import Work
 from fedclock.strategies.server import ServerOptimizer
 from fedclock.strategies.weights import Staleness
 
 log = logging.getLogger(__name__)
+
+#: the event that increments q(j), a fragment's update count (``strategy.count``)
+COUNT_EVENTS = ("assigned", "completed")
 
 
 def gre_raa(
@@ -129,9 +132,14 @@ def mix_fragment(
 class FragmentPlanner:
     """Algorithm 1's scheduler: an idle client n gets fragment h(n) — Gre-RAA (Algorithm 2)
     over its costs c_{n,j} (the nominal time of its fragment-j task: download, compute,
-    upload) and the fragments' global update counts q(j), or Random / MP-RAA — as a
+    upload) and the fragments' update counts q(j), or Random / MP-RAA — as a
     :class:`~fedclock.models.shapes.Fragment` task of its local SGD plan. The choice's
     random draw comes from the stream ``("fragment", client, i)``, i the client's i-th task.
+
+    Planning has no side effects: q(j) and i change only in :meth:`on_dispatch` (a task
+    really started) and :meth:`on_commit` (updates used by a server step). ``count`` says
+    which event increments q(j): ``assigned`` (a fragment handed out, as the authors' code
+    counts) or ``completed`` (a global update of it, Alg. 1's wording).
     """
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = ("_asked", "updates")  # (_work is a cache)
@@ -145,17 +153,17 @@ class FragmentPlanner:
         costs: np.ndarray,
         k: float,
         scheduler: str,
-        updates: list[int],
+        count: str = "assigned",
         reference: bool = False,
     ) -> None:
+        if count not in COUNT_EVENTS:
+            raise ValueError(f"unknown count event {count!r}; allowed: {', '.join(COUNT_EVENTS)}")
         self.full_plans, self.layout, self.ratios = full_plans, layout, ratios
-        self.costs, self.k, self.scheduler = costs, k, scheduler
-        # q(j): counted by the aggregator at each global update (paper), or here at each
-        # assignment, with the authors' fragments and deterministic Gre-RAA (reference)
-        self.updates = updates
+        self.costs, self.k, self.scheduler, self.count = costs, k, scheduler, count
+        self.updates = [0] * len(ratios)  # q(j)
         self.reference = reference
         self.kind = "elements" if reference else "neurons"
-        self._asked = [0] * len(full_plans)
+        self._asked = [0] * len(full_plans)  # tasks dispatched to each client so far
         self._work: dict[tuple[int, int], tuple[TaskPlan, TaskCost]] = {}
 
     def fragment_plan(self, client: int, j: int) -> tuple[TaskPlan, TaskCost]:
@@ -165,50 +173,51 @@ class FragmentPlanner:
             got = self._work[(client, j)] = (plan, plan.shape.cost(self.layout, plan.samples))
         return got
 
-    def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
-        if ctx is None:  # the nominal task (clients.csv): the full model's
-            full = self.full_plans[client]
-            return full, FULL.cost(self.layout, full.samples)
-        i = self._asked[client]
-        self._asked[client] = i + 1
+    def nominal(self, client: int) -> tuple[TaskPlan, TaskCost]:
+        """The full model's task (update times τ_i, clients.csv)."""
+        full = self.full_plans[client]
+        return full, FULL.cost(self.layout, full.samples)
+
+    def choose(self, ctx: Context, client: int, updates: Sequence[int]) -> int:
+        """h(n) for ``client``'s next task given the counts ``updates`` (no side effects)."""
         if self.scheduler == "mp-raa":
-            j = least_updated(self.updates)
-        elif self.scheduler == "gre-raa" and self.reference:
-            j = gre_raa_reference(self.costs[client], self.updates, self.k)
-        else:
-            rng = ctx.rng("fragment", client, i)
-            if self.scheduler == "random":
-                j = int(rng.integers(len(self.ratios)))
-            else:
-                j = gre_raa(self.costs[client], self.updates, self.k, rng)
-        if self.reference:  # the authors count an assignment, not an update
-            self.updates[j] += 1
-        return self.fragment_plan(client, j)
+            return least_updated(updates)
+        if self.scheduler == "gre-raa" and self.reference:
+            return gre_raa_reference(self.costs[client], updates, self.k)
+        rng = ctx.rng("fragment", client, self._asked[client])
+        if self.scheduler == "random":
+            return int(rng.integers(len(self.ratios)))
+        return gre_raa(self.costs[client], updates, self.k, rng)
+
+    def plan(self, ctx: Context, client: int) -> tuple[TaskPlan, TaskCost]:
+        return self.fragment_plan(client, self.choose(ctx, client, self.updates))
 
     def assign(self, ctx: Context, r: int, clients: np.ndarray) -> list[Work]:
-        """Sync Fed-RAA: every participant of round ``r`` gets a fragment, in client order."""
-        return [Work(*self.plan(ctx, int(c))) for c in clients]
+        """Sync Fed-RAA: every participant of round ``r`` gets a fragment, in client order;
+        counting at assignment, each choice sees the round's earlier ones (as dispatch will
+        count them)."""
+        updates = list(self.updates)
+        out = []
+        for c in clients:
+            j = self.choose(ctx, int(c), updates)
+            if self.count == "assigned":
+                updates[j] += 1
+            out.append(Work(*self.fragment_plan(int(c), j)))
+        return out
 
-
-class CountingFedAvg(FedAvgAggregator):
-    """Sync Fed-RAA's aggregation: θ ← θ + Σ_i (n_i/Σn)·Δ_i over the round's fragment
-    updates (each zero outside its fragment; the authors' rule, without their double
-    counting of the first update), and q(j) += 1 per update of fragment j."""
-
-    checkpoint_fields: ClassVar[tuple[str, ...]] = ("updates",)
-
-    def __init__(self, *, updates: list[int] | None, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.updates = updates  # None: counted at assignment (reference mode)
-
-    def aggregate(
-        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
-    ) -> ModelVersion:
-        for c in contributions:
-            shape = c.task.plan.shape
-            if self.updates is not None and isinstance(shape, Fragment):
+    def on_dispatch(self, task: Task) -> None:
+        shape = task.plan.shape
+        if isinstance(shape, Fragment):
+            self._asked[task.client] += 1
+            if self.count == "assigned":
                 self.updates[shape.index] += 1
-        return super().aggregate(ctx, base, contributions)
+
+    def on_commit(self, contributions: Sequence[Contribution]) -> None:
+        if self.count == "completed":
+            for c in contributions:
+                shape = c.task.plan.shape
+                if isinstance(shape, Fragment):
+                    self.updates[shape.index] += 1
 
 
 class ShareDiscountAggregator:
@@ -239,14 +248,13 @@ class ShareDiscountAggregator:
 class FragmentMixAggregator:
     """Algorithm 1's updater: on each arrival θ^j ← (1 − α_t)·θ^j + α_t·θ^j_new on the
     elements the fragment covers, α_t = α·s(staleness) (s = 1 by default), taken as the
-    server step on the update α_t·(θ^j_new − θ^j) (plain: θ plus it); q(j) += 1."""
+    server step on the update α_t·(θ^j_new − θ^j) (plain: θ plus it). (q(j) is the
+    planner's: :meth:`FragmentPlanner.on_commit`.)"""
 
-    checkpoint_fields: ClassVar[tuple[str, ...]] = ("updates",)
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(
-        self, *, alpha: float, staleness: Staleness, server: ServerOptimizer, updates: list[int]
-    ) -> None:
-        self.alpha, self.staleness, self.server, self.updates = alpha, staleness, server, updates
+    def __init__(self, *, alpha: float, staleness: Staleness, server: ServerOptimizer) -> None:
+        self.alpha, self.staleness, self.server = alpha, staleness, server
 
     def aggregate(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
@@ -262,9 +270,6 @@ class FragmentMixAggregator:
                 got = mix_step(theta, new, a, c.covers(n))
                 if got is not None:
                     step[n] += got
-            shape = c.task.plan.shape
-            if isinstance(shape, Fragment):
-                self.updates[shape.index] += 1
         params = self.server.step(base.params, step)
         buffers = {n: b.clone() for n, b in base.buffers.items()}
         return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
@@ -320,10 +325,9 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
             f"strategy.k = {k:g} s is infeasible: some client needs {low:g} s for its cheapest "
             f"fragment (the offline bound is {offline:g} s); set strategy.k ≥ {low:g}."
         )
-    updates = [0] * len(ratios)
     planner = FragmentPlanner(
         full_plans=full_plans, layout=layout, ratios=ratios, costs=costs, k=k,
-        scheduler=s.own("scheduler"), updates=updates, reference=reference,
+        scheduler=s.own("scheduler"), count=s.count, reference=reference,
     )  # fmt: skip
     staleness = Staleness(
         kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
@@ -333,9 +337,7 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
     trigger: Any
     if s.own("sync"):  # the ablation: rounds of every client, a sample-weighted sum
         trigger = SyncRounds(work=planner)
-        aggregator = CountingFedAvg(
-            updates=None if reference else updates, weights=s.weights, server=server
-        )
+        aggregator = FedAvgAggregator(weights=s.weights, server=server)
     elif reference:
         aggregator = ShareDiscountAggregator(
             total_samples=int(sum(int(n) for n in info.client_sizes)), server=server
@@ -344,9 +346,7 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
             UpdateTimes("profile", planner), buffer_size=1, concurrency=s.concurrency
         )
     else:
-        aggregator = FragmentMixAggregator(
-            alpha=s.alpha, staleness=staleness, server=server, updates=updates
-        )
+        aggregator = FragmentMixAggregator(alpha=s.alpha, staleness=staleness, server=server)
         trigger = ArrivalBuffer(
             UpdateTimes("profile", planner), buffer_size=1, concurrency=s.concurrency
         )

@@ -63,7 +63,10 @@ class LocalSGDPlanner:
         self._flops = flops_per_sample
         self._bytes = model_bytes
 
-    def plan(self, ctx: Context, client: int) -> tuple[TaskPlan, TaskCost]:
+    def nominal(self, client: int) -> tuple[TaskPlan, TaskCost]:
+        return self.plan(None, client)
+
+    def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
         size = self._sizes[client]
         cached = self._plans.get(size)
         if cached is None:
@@ -95,9 +98,12 @@ class StragglerWork:
     def cost(self, plan: TaskPlan) -> TaskCost:
         return plan.shape.cost(self.layout, plan.samples)
 
-    def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
+    def nominal(self, client: int) -> tuple[TaskPlan, TaskCost]:
         full = self.full_plans[client]
         return full, self.cost(full)
+
+    def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
+        return self.nominal(client)  # a round's work comes from assign()
 
     def assign(self, ctx: Context, r: int, clients: np.ndarray) -> list[Work]:
         draw = None if self.depths is None else self.depths.draw(ctx, r)
@@ -186,9 +192,10 @@ class PerTask:
         self._round = -1
         self._draw: Draw | None = None
 
-    def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
-        if ctx is None:  # the nominal (full) task
-            return self.work.plan(None, client)
+    def nominal(self, client: int) -> tuple[TaskPlan, TaskCost]:
+        return self.work.nominal(client)
+
+    def plan(self, ctx: Context, client: int) -> tuple[TaskPlan, TaskCost]:
         r = ctx.model.version
         if r != self._round:
             src = self.work.depths

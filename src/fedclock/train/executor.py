@@ -370,9 +370,11 @@ class SerialExecutor:
         trains = list(prog.trains)
         loss_fn = prog.loss or self.loss
         masks = {n: m.to(self.device) for n, m in (prog.masks or {}).items()}
-        with torch.no_grad():  # a fragment's model holds only its elements
-            for n, m in masks.items():
-                params[n].mul_(m)
+        keep_base = prog.mask_fill == "base"  # masked-out elements frozen at the base
+        if not keep_base:
+            with torch.no_grad():  # a fragment's model holds only its elements
+                for n, m in masks.items():
+                    params[n].mul_(m)
         idx = self.data.indices[task.client]
         steps = batch_schedule(self.seed, task, len(idx))
         if not self.persistent_momentum:
@@ -384,9 +386,13 @@ class SerialExecutor:
             self._step(
                 task.client, params, grads, base=task.base.params, lr_scale=task.plan.lr_scale
             )
-            with torch.no_grad():  # outside its fragment the model stays 0
+            with torch.no_grad():  # outside its fragment the model stays 0, or the base
                 for n, m in masks.items():
-                    params[n].mul_(m)
+                    if keep_base:
+                        base = task.base.params[n].to(self.device)
+                        params[n].copy_(torch.where(m, params[n], base))
+                    else:
+                        params[n].mul_(m)
             total += float(loss)
         if not self.persistent_momentum:
             self.momentum_store.pop(task.client, None)

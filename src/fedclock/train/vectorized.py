@@ -528,6 +528,7 @@ class VectorizedExecutor:
         self._block_lr = self.lr * tasks[0].plan.lr_scale
         self._block_loss = self.loss
         self._block_masks: list[tuple[int, torch.Tensor]] = []
+        self._mask_base = False  # masked-out elements frozen at the base (else zero)
         if shape is FULL:
             names, fixed, views, rate = self._names, [], None, None
         else:  # e.g. a SALF suffix: units d..L train, the prefix is a frozen input
@@ -538,6 +539,7 @@ class VectorizedExecutor:
             views, rate = prog.views, prog.scale
             if prog.loss is not None:
                 self._block_loss = prog.loss
+            self._mask_base = prog.mask_fill == "base"
             if prog.masks:  # a model fragment: (index in names, its element mask)
                 self._block_masks = [
                     (i, prog.masks[n].to(self.device)) for i, n in enumerate(names)
@@ -591,9 +593,10 @@ class VectorizedExecutor:
                 for n, p in zip(names, params, strict=True)
             ]  # fmt: skip
         loss_sum = torch.zeros(n_clients, dtype=torch.float64, device=self.device)
-        with torch.no_grad():  # a fragment's model holds only its elements
-            for i, m in self._block_masks:
-                params[i].mul_(m)
+        if not self._mask_base:
+            with torch.no_grad():  # a fragment's model holds only its elements
+                for i, m in self._block_masks:
+                    params[i].mul_(m)
 
         scale = Scale(rate) if rate is not None else None
         hooks = [m.register_forward_hook(scale) for m in self._scaled] if scale else []
@@ -677,8 +680,12 @@ class VectorizedExecutor:
                     torch._foreach_add_(b_k, g)
                     g = b_k
                 torch._foreach_add_(p_k, g, alpha=-lr)
-                for i, m in self._block_masks:  # outside its fragment the model stays 0
-                    p_k[i].mul_(m)
+                for i, m in self._block_masks:  # outside its fragment: 0, or the base
+                    if self._mask_base and base_params is not None:
+                        b = base_params[i] if shared or k == n_clients else base_params[i][:k]
+                        p_k[i].copy_(torch.where(m, p_k[i], b))
+                    else:
+                        p_k[i].mul_(m)
                 loss_sum[:k] += loss.detach()
 
     def _contributions(
