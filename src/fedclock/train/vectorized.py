@@ -98,6 +98,7 @@ from fedclock.train.executor import (
     split_batches,
 )
 from fedclock.train.local import CrossEntropy, Loss
+from fedclock.train.mlp_grad import MlpGrad, mlp_linears
 
 log = logging.getLogger("fedclock")
 
@@ -290,6 +291,12 @@ class VectorizedExecutor:
         self._logged: set[str] = set()
         self._serial: SerialExecutor | None = None
         self._auto: dict[int, int] = {}
+        # plain MLPs: a fragment's (sliced) block steps with the gradient written out by
+        # hand (train/mlp_grad.py: no vmap, autograd or pytree cost per step)
+        linears = mlp_linears(model) if type(self.loss) is CrossEntropy else None
+        self._mlp_grad = MlpGrad(linears) if linears is not None else None
+        self._block_grad: MlpGrad | None = None  # the running block's, when it uses it
+        self._x_rows = self._x.reshape(len(self._x), -1)  # (a view: one row per sample)
         self._step = vmap(grad_and_value(self._loss))
         self._step_weighted = vmap(grad_and_value(self._loss_weighted))
         self._step_bn = vmap(grad_and_value(self._loss_bn))
@@ -383,7 +390,8 @@ class VectorizedExecutor:
                 continue
             groups.setdefault((task.plan.batch_size, key, task.plan.lr_scale), []).append(i)
         for key, members in list(groups.items()):
-            if len(members) < self.min_block:  # vmap's overhead does not pay for one client
+            # vmap's overhead does not pay for one client (the hand-written MLP step has none)
+            if len(members) < self.min_block and not self._by_hand(tasks[members[0]].plan.shape):
                 for i in members:
                     out[i] = self._serial_executor().run_one(tasks[i])
                 del groups[key]
@@ -414,6 +422,17 @@ class VectorizedExecutor:
             raise refuse(
                 "vectorized executor", shape, "full, layer-suffix and width tasks"
             ) from None
+
+    def _by_hand(self, shape: WorkShape) -> bool:
+        """Whether a block of this shape steps with :class:`MlpGrad`: a plain MLP's sliced
+        submodel trained whole on the run's loss, unscaled (Fed-RAA's neuron fragments)."""
+        if self._mlp_grad is None or shape is FULL:
+            return False
+        prog = self._program(shape)
+        return (
+            prog.views is not None and prog.scale is None and prog.loss is None
+            and not prog.masks and len(prog.trains) == len(self._names)
+        )  # fmt: skip
 
     def _why_serial(self, task: Task) -> str | None:
         shape = task.plan.shape
@@ -525,6 +544,7 @@ class VectorizedExecutor:
             rows = rows.clamp(min=0)
 
         shape = tasks[0].plan.shape
+        self._block_grad = self._mlp_grad if self._by_hand(shape) else None
         self._block_lr = self.lr * tasks[0].plan.lr_scale
         self._block_loss = self.loss
         self._block_masks: list[tuple[int, torch.Tensor]] = []
@@ -663,6 +683,9 @@ class VectorizedExecutor:
                     grads, loss = self._step_bn_weighted(state, st, self._x[r], self._y[r], w_s)
                 else:
                     grads, loss = self._step_bn(state, st, self._x[r], self._y[r])
+            elif self._block_grad is not None:  # (index_select: a cheaper gather than x[r])
+                xb = self._x_rows.index_select(0, r.reshape(-1)).view(*r.shape, -1)
+                grads, loss = self._block_grad(state, xb, self._y[r], w_s)
             elif w_s is not None:
                 grads, loss = self._step_weighted(state, self._x[r], self._y[r], w_s)
             else:
@@ -673,7 +696,9 @@ class VectorizedExecutor:
                     g = list(torch._foreach_add(g, p_k, alpha=wd))
                 if prox and base_params is not None:  # μ(θ − θ_base): FedProx's term
                     b0 = [b if shared or k == n_clients else b[:k] for b in base_params]
-                    g = [gi + prox * (p - b) for gi, p, b in zip(g, p_k, b0, strict=True)]
+                    pull = torch._foreach_sub(p_k, b0)
+                    torch._foreach_mul_(pull, prox)
+                    g = list(torch._foreach_add(g, pull))
                 if mu:
                     b_k = bufs if k == n_clients else [m[:k] for m in bufs]
                     torch._foreach_mul_(b_k, mu)
