@@ -668,3 +668,30 @@ def test_one_task_of_every_fragment_moves_every_weight_of_the_split_layers(arch:
             moved = sum((c.delta[n] != 0).int() for c in got)
             if p.dim() >= 2:
                 assert bool((moved >= 1).all()), (arch, n, vectorize)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["strategy.name=fed-raa-random", "strategy.scheduler=mp-raa"],
+         "fed-raa-random fixes it to 'random'"),
+        (["strategy.mode=reference", "strategy.alpha=0.5"], "reference mode has no mixing"),
+        (["strategy.mode=reference", "strategy.rho=0.1"], "reference mode has no mixing"),
+        (["strategy.name=fed-raa-mp", "strategy.k=3"], "ignores the delay bound K"),
+        (["strategy.name=fed-raa-random", "strategy.count=completed"], "reads no update counts"),
+        (["strategy.name=fed-raa-sync", "strategy.concurrency=3"], "synchronous rounds"),
+        (["strategy.name=fedavg", "strategy.alpha=0.5"], "read by"),
+    ],
+)  # fmt: skip
+def test_conflicting_explicit_fields_are_refused_in_one_sentence(overrides, says) -> None:
+    from fedclock.config import load_config
+    from fedclock.errors import ConfigError
+
+    raw = _fedraa_raw()
+    raw["compare"] = {"strategies": ["fed-raa", "fed-raa-random", "fedasync"]}
+    with pytest.raises(ConfigError) as err:
+        load_config(raw=raw, overrides=overrides)
+    msg = str(err.value)
+    assert says in msg and msg.count(". ") == 0 and msg.endswith("; remove it.")
+    # the same fields in a comparison's base config are carried for the cells
+    load_config(raw=raw, overrides=overrides, grid=True)

@@ -384,3 +384,30 @@ def test_package_version_is_the_projects():
 
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     assert project["project"]["version"] == __version__
+
+
+def test_a_fine_evaluation_grid_evaluates_each_model_version_once(tmp_path, monkeypatch) -> None:
+    """Over synchronous rounds a 0.05-s grid writes a row at every grid time, but a model
+    version is evaluated once: its rows repeat the metrics (time_to_target to 0.05 s)."""
+    from fedclock.config import load_config
+    from fedclock.experiment import run_experiment
+    from fedclock.train import evaluate as ev
+    from tests.conftest import tiny_raw
+
+    calls: list[int] = []
+    real = ev.Evaluator.__call__
+
+    def spy(self, version):
+        calls.append(version.version)
+        return real(self, version)
+
+    monkeypatch.setattr(ev.Evaluator, "__call__", spy)
+    raw = tiny_raw(eval={"every_aggregations": None, "every_virtual_seconds": 0.05})
+    res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "r")
+    assert len(calls) == len(set(calls)) == 5  # versions 0..4
+    rows = res.history
+    assert len(rows) > 5 * 3
+    by_version: dict[int, set[float]] = {}
+    for row in rows:
+        by_version.setdefault(row["aggregation"], set()).add(row["test_accuracy"])
+    assert all(len(v) == 1 for v in by_version.values())

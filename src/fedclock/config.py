@@ -264,6 +264,11 @@ class StrategyOptions(BaseModel):
         return frozenset()
 
     @classmethod
+    def unread_reason(cls, cfg: ExperimentConfig, path: str) -> str:
+        """Why ``path`` (one of :meth:`unread`) is unread, in a few words."""
+        return "see docs/config.md"
+
+    @classmethod
     def reads(cls, cfg: ExperimentConfig, path: str) -> bool:
         """Whether a run of this strategy on ``cfg`` depends on the config field ``path``
         (False: every value of a sweep over it gives the same run)."""
@@ -434,6 +439,12 @@ class FedAsyncOptions(AsyncOptions):
     alpha: float = Field(0.6, gt=0, le=1, description="FedAsync mixing weight α")
 
 
+_FEDRAA_PAPER_ONLY = frozenset({
+    "strategy.alpha", "strategy.rho", "strategy.staleness", "strategy.staleness_a",
+    "strategy.staleness_b", "strategy.staleness_normalize_at",
+})  # fmt: skip
+
+
 class _FedRAAFields(AsyncOptions):
     """What Fed-RAA and its named ablations read (docs/methods/fed-raa.md)."""
 
@@ -474,6 +485,19 @@ class _FedRAAFields(AsyncOptions):
         return getattr(self, field) if field in type(self).model_fields else self.fixed[field]
 
     @classmethod
+    def unread_reason(cls, cfg: ExperimentConfig, path: str) -> str:
+        scheduler, sync = cls.setting(cfg, "scheduler"), cls.setting(cfg, "sync")
+        if path == "strategy.k" and scheduler != "gre-raa":
+            return f"the {scheduler} scheduler ignores the delay bound K"
+        if path == "strategy.count" and scheduler == "random":
+            return "the random scheduler reads no update counts"
+        if cls.option(cfg, "mode") == "reference" and path in _FEDRAA_PAPER_ONLY:
+            return "reference mode has no mixing weight, staleness or proximal term"
+        if sync:
+            return "synchronous rounds of every client: no mixing weight, staleness or concurrency"
+        return super().unread_reason(cfg, path)
+
+    @classmethod
     def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
         out = set(super().unread(cfg))
         if cls.setting(cfg, "scheduler") != "gre-raa":  # Random and MP-RAA ignore K
@@ -481,10 +505,7 @@ class _FedRAAFields(AsyncOptions):
         if cls.setting(cfg, "scheduler") == "random":  # a uniform draw: no counts q(j)
             out.add("strategy.count")
         if cls.option(cfg, "mode") == "reference":  # no mixing weight, staleness or ρ
-            out |= {
-                "strategy.alpha", "strategy.rho", "strategy.staleness", "strategy.staleness_a",
-                "strategy.staleness_b", "strategy.staleness_normalize_at",
-            }  # fmt: skip
+            out |= _FEDRAA_PAPER_ONLY
         if cls.setting(cfg, "sync"):  # rounds: no mixing, no staleness, every client
             out |= {
                 "strategy.alpha", "strategy.staleness", "strategy.staleness_a",
@@ -1225,7 +1246,37 @@ def load_config(
     """Load a config from YAML (or a raw dict), apply overrides, validate. ``grid``: the
     config is the base of a comparison or sweep (see :func:`validate`)."""
     data = copy.deepcopy(raw) if raw is not None else (read_yaml(path) if path is not None else {})
-    return validate(apply_overrides(data, list(overrides or [])), role="grid" if grid else "run")
+    cfg = validate(apply_overrides(data, list(overrides or [])), role="grid" if grid else "run")
+    if not grid:
+        check_explicit(cfg, overrides or [])
+    return cfg
+
+
+def check_explicit(cfg: ExperimentConfig, overrides: Sequence[str]) -> None:
+    """A ``--set strategy.<field>`` of a single run that the run cannot read is refused:
+    a field of another strategy (carried for a comparison, e.g. ``strategy.scheduler``
+    with ``fed-raa-random``, which fixes it) or one its own settings leave unread (e.g.
+    ``strategy.alpha`` in Fed-RAA's reference mode)."""
+    own = type(cfg.strategy)
+    name = cfg.strategy.name
+    unread = own.unread(cfg)
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if not key.startswith("strategy.") or key == "strategy.name":
+            continue
+        field = key.split(".", 1)[1]
+        if field not in own.model_fields:
+            fixed = getattr(own, "fixed", {})
+            why = (
+                f"{name} fixes it to {fixed[field]!r}" if field in fixed
+                else f"it is read by {_and(readers_of(key))}"
+            )  # fmt: skip
+            raise ConfigError(f"--set {key} has no effect on a {name} run ({why}); remove it.")
+        if key in unread:
+            raise ConfigError(
+                f"--set {key} has no effect on this {name} run: its other settings leave "
+                f"it unread ({own.unread_reason(cfg, key)}); remove it."
+            )
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

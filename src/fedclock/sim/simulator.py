@@ -286,6 +286,8 @@ class Simulator:
         self._results: dict[int, Contribution] = {}
         self._in_flight: dict[int, Task] = {}
         self._last_eval: tuple[int, float] | None = None
+        # (model version, accuracy, loss, other columns) of the last evaluation
+        self._eval_cache: tuple[int, float, float, dict[str, Any]] | None = None
         self._wall0 = time.perf_counter()
         self.history: list[dict[str, Any]] = []
         self._resumed = False  # restore_state() was called: the loop skips the start
@@ -471,8 +473,18 @@ class Simulator:
         if self._last_eval == key:
             return
         self._last_eval = key
-        acc, loss = self.evaluate(self.model)
         ctr = self.counters
+        cached = self._eval_cache
+        if cached is not None and cached[0] == self.model.version:
+            # the model has not changed since the last evaluation (a fine evaluation grid
+            # over synchronous rounds): the same metrics, not computed again
+            _, acc, loss, more = cached
+        else:
+            acc, loss = self.evaluate(self.model)
+            more = {} if self.evaluate_more is None else self.evaluate_more(self.model)
+            if self.evaluate_clients is not None:
+                self.last_client_losses = self.evaluate_clients(self.model)
+            self._eval_cache = (self.model.version, acc, loss, more)
         row = {
             "virtual_time": t,
             "wall_time": time.perf_counter() - self._wall0,
@@ -488,10 +500,8 @@ class Simulator:
             "compute_s_spent": ctr.compute_s_spent,
             "compute_s_wasted": ctr.compute_s_wasted,
         }
-        if self.evaluate_more is not None:
-            row.update(self.evaluate_more(self.model))
-        if self.evaluate_clients is not None:
-            self.last_client_losses = self.evaluate_clients(self.model)
+        row.update(more)
+        if self.evaluate_clients is not None and self.last_client_losses is not None:
             row.update(self.client_metrics(self.last_client_losses))
         self.history.append(row)
         self.on_record(row)

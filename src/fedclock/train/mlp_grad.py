@@ -19,6 +19,7 @@ row's weight).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -60,6 +61,8 @@ class MlpGrad:
     (C, B) the rows' weights (the weighted sum; None: the mean over B). Returns (gradients
     by name, loss (C,)).
     """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # stateless
 
     def __init__(self, linears: list[tuple[str, str]]) -> None:
         self.linears = linears
