@@ -190,9 +190,10 @@ def tiny_config() -> ExperimentConfig:
 def partial_executor(
     model, data, *, units, mode: str = "paper", persistent_momentum: bool = False,
     vectorize: bool = False, seed: int, lr: float, momentum: float = 0.0,
-    weight_decay: float = 0.0,
+    weight_decay: float = 0.0, proximal_mu: float = 0.0,
 ):  # fmt: skip
-    """The executor ``make_executor`` builds for the SALF family's work on ``units``."""
+    """The executor ``make_executor`` builds for the SALF family's work on ``units``
+    (``proximal_mu``: a proximal term, as Fed-RAA's ρ)."""
     from fedclock.models.shapes import FULL, Layout, Suffix, Width
     from fedclock.train.factory import make_executor
     from fedclock.train.local import LocalTraining, Needs
@@ -201,6 +202,8 @@ def partial_executor(
         shapes=frozenset({type(FULL), Suffix, Width}), layout=Layout.of(model, units, 0),
         suffix_trains_fully=mode == "reference", momentum_per_client=persistent_momentum,
     )  # fmt: skip
-    local = LocalTraining(lr=lr, momentum=momentum, weight_decay=weight_decay)
+    local = LocalTraining(
+        lr=lr, momentum=momentum, weight_decay=weight_decay, proximal_mu=proximal_mu
+    )
     kind = "vectorized" if vectorize else "serial"
     return make_executor(needs, model, data, seed=seed, local=local, kind=kind)

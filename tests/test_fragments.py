@@ -105,12 +105,15 @@ def test_a_fragment_costs_its_share_of_the_model() -> None:
 
 
 @pytest.mark.usefixtures("float64")
-@pytest.mark.parametrize("momentum", [0.0, 0.5])
+@pytest.mark.parametrize(("momentum", "rho"), [(0.0, 0.0), (0.5, 0.0), (0.5, 0.3)])
 @pytest.mark.parametrize("hidden", [[20], [20, 12]])
-def test_fragment_tasks_train_the_fragment_alone(momentum: float, hidden: list[int]) -> None:
+def test_fragment_tasks_train_the_fragment_alone(
+    momentum: float, rho: float, hidden: list[int]
+) -> None:
     """Serial and vectorized executors equal an independent masked SGD with gradients kept
     inside the fragment and Δ = 0 outside: one hidden layer, the model zeroed outside the
-    fragment (the fragment's own network); two, the other groups frozen at the base."""
+    fragment (the fragment's own network); two, the other groups frozen at the base. With
+    ρ, the objective adds (ρ/2)‖θ^j − θ^j_q‖² (gradient ρ(θ − θ_received) on the fragment)."""
     model, units, layout = _mlp(hidden, torch.float64)
     sizes = [16, 16, 12, 20]
     data = _data(sizes, (6,))
@@ -121,7 +124,7 @@ def test_fragment_tasks_train_the_fragment_alone(momentum: float, hidden: list[i
         replace(t, plan=replace(t.plan, shape=s))
         for t, s in zip(_tasks(snapshot(model, 0), sizes, 8, steps=3), shapes, strict=True)
     ]
-    opts = dict(seed=3, lr=0.1, momentum=momentum, units=units)
+    opts = dict(seed=3, lr=0.1, momentum=momentum, units=units, proximal_mu=rho)
     serial = partial_executor(copy.deepcopy(model), data, **opts).run(tasks)
     vec = partial_executor(copy.deepcopy(model), data, vectorize=True, **opts).run(tasks)
     _assert_same(serial, vec)
@@ -139,6 +142,10 @@ def test_fragment_tasks_train_the_fragment_alone(momentum: float, hidden: list[i
             opt.zero_grad()
             torch.nn.functional.cross_entropy(ref(data.x[rows]), data.y[rows]).backward()
             for n, p in ref.named_parameters():
+                # the received fragment θ^j_q: the base inside the fragment (0 outside for
+                # one hidden layer, where the model holds the fragment alone)
+                start = task.base.params[n] * masks[n] if len(hidden) == 1 else task.base.params[n]
+                p.grad.add_(rho * (p.detach() - start))
                 p.grad.mul_(masks[n])
             opt.step()
         for n, p in ref.named_parameters():
@@ -695,3 +702,42 @@ def test_conflicting_explicit_fields_are_refused_in_one_sentence(overrides, says
     assert says in msg and msg.count(". ") == 0 and msg.endswith("; remove it.")
     # the same fields in a comparison's base config are carried for the cells
     load_config(raw=raw, overrides=overrides, grid=True)
+
+
+@pytest.mark.usefixtures("float64")
+def test_fedraa_updater_end_to_end_against_a_hand_computation(tmp_path, monkeypatch) -> None:
+    """Every server step of a paper-mode run equals, element by element, the updater of
+    Alg. 1 computed here independently: θ ← (1 − α_t)·θ + α_t·θ_new where the arriving
+    fragment covers the element (θ_new = the client's base + its Δ), θ elsewhere, with
+    α_t = α·(1 + staleness)^(−a) (polynomial staleness, a = 0.5)."""
+    from fedclock.config import load_config
+    from fedclock.experiment import run_experiment
+    from fedclock.strategies.fedraa import FragmentMixAggregator
+
+    steps: list[tuple[dict, dict, list]] = []  # (θ before, θ after, contributions)
+    real = FragmentMixAggregator.aggregate
+
+    def spy(self, ctx, base, contributions):
+        new = real(self, ctx, base, contributions)
+        steps.append((base, new, list(contributions)))
+        return new
+
+    monkeypatch.setattr(FragmentMixAggregator, "aggregate", spy)
+    raw = _fedraa_raw(alpha=0.7, staleness="polynomial", staleness_a=0.5)
+    raw["budget"] = {"aggregations": 25}
+    res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "r")
+    assert res.summary["status"] == "completed" and len(steps) == 25
+    stale = []
+    for base, new, contributions in steps:
+        (c,) = contributions  # a server step per arrival
+        x = base.version - c.task.base.version
+        stale.append(x)
+        a = 0.7 * (1.0 + x) ** -0.5
+        for n, theta in base.params.items():
+            arrived = c.task.base.params[n] + c.delta[n]
+            cover = c.covers(n)
+            want = (1 - a) * theta + a * arrived
+            if cover is not True:
+                want = torch.where(cover, want, theta) if cover is not False else theta
+            torch.testing.assert_close(new.params[n], want, rtol=1e-12, atol=1e-12)
+    assert max(stale) >= 1  # the staleness factor was exercised
