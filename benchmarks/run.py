@@ -30,6 +30,7 @@ BENCHMARKS = {
     "executor-ray": "benchmarks.executor_ray",
     "startup": "benchmarks.startup",
     "sweep-table2": "benchmarks.sweep_table2",
+    "fedraa-fragments": "benchmarks.fedraa_fragments",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 
