@@ -880,6 +880,19 @@ class ExperimentConfig(_Section):
     cis: CisConfig = CisConfig()
     output_dir: str = "runs"
 
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, v: str) -> str:
+        """The name starts the run folder's name: one plain name inside output_dir."""
+        if not v or len(v) > 100:
+            raise ValueError("give a name of 1 to 100 characters (it names the run folder)")
+        if v in (".", "..") or any(c in "/\\" or not c.isprintable() for c in v):
+            raise ValueError(
+                "the name becomes a folder inside output_dir, so it cannot be '.' or '..' or "
+                "hold a slash, a backslash or a control character"
+            )
+        return v
+
     @model_validator(mode="before")
     @classmethod
     def _strategy_fields(cls, data: Any, info: ValidationInfo) -> Any:
