@@ -113,7 +113,9 @@ def test_a_checkpoint_with_pickled_code_is_refused_without_running_it(tmp_path: 
     buf = io.BytesIO()
     torch.save({"format": FORMAT, "x": Evil()}, buf)
     body = buf.getvalue()  # with a valid digest: the refusal comes from weights_only
-    path.write_bytes(b"%s %d sha256:%s\n" % (MAGIC, FORMAT, sha256(body).hexdigest().encode()) + body)
+    path.write_bytes(
+        b"%s %d sha256:%s\n" % (MAGIC, FORMAT, sha256(body).hexdigest().encode()) + body
+    )
     with pytest.raises(CheckpointError) as err:
         read(path)
     assert not marker.exists()

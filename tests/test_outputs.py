@@ -206,5 +206,5 @@ def test_check_writable_names_the_file(tmp_path: Path) -> None:
     from fedclock.outputs import check_writable
 
     (tmp_path / "table.csv").write_text("mine")
-    with pytest.raises(ConfigError, match="table.csv"):
+    with pytest.raises(ConfigError, match=r"table\.csv"):
         check_writable([tmp_path / "table.csv"])

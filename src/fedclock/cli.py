@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedclock.errors import FedclockError
+from fedclock.errors import FedclockError, short
 
 if TYPE_CHECKING:
     from fedclock.config import ExperimentConfig
@@ -374,7 +374,7 @@ def _strategy_entries(text: str | None, cfg: Any, default: list[str]) -> list[st
     for n in names:
         if n.split(":")[0] not in STRATEGIES:
             raise ConfigError(
-                f"Unknown strategy '{n}' in --strategies; allowed: {', '.join(sorted(STRATEGIES))}."
+                f"Unknown strategy '{short(n)}' in --strategies; allowed: {', '.join(sorted(STRATEGIES))}."
             )
     return names
 
@@ -386,7 +386,9 @@ def _seed_list(text: str | None, cfg: Any) -> list[int]:
     try:
         return _csv_list(text, int) or list(cfg.compare.seeds) or [cfg.seed]
     except ValueError:
-        raise ConfigError(f"--seeds must be comma-separated integers, got '{text}'.") from None
+        raise ConfigError(
+            f"--seeds must be comma-separated integers, got '{short(text)}'."
+        ) from None
 
 
 def _lr_rates(lr_grid: str | None, no_lr_grid: bool, cfg: Any, console: Console) -> list[float]:
@@ -415,10 +417,10 @@ def _lr_rates(lr_grid: str | None, no_lr_grid: bool, cfg: Any, console: Console)
             rates = _csv_list(lr_grid, float)
         except ValueError:
             raise ConfigError(
-                f"--lr-grid must be comma-separated numbers, got '{lr_grid}'."
+                f"--lr-grid must be comma-separated numbers, got '{short(lr_grid)}'."
             ) from None
         if any(not r > 0 for r in rates):
-            raise ConfigError(f"--lr-grid rates must all be > 0, got '{lr_grid}'.")
+            raise ConfigError(f"--lr-grid rates must all be > 0, got '{short(lr_grid)}'.")
     return rates
 
 

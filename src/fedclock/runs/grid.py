@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from fedclock.config import ExperimentConfig, apply_overrides, cell_raw, validate
-from fedclock.errors import ConfigError
+from fedclock.config import ExperimentConfig, apply_overrides, cell_raw, load_yaml, validate
+from fedclock.errors import ConfigError, short
 from fedclock.outputs import (
     check_run_folder,
     check_writable,
@@ -36,13 +36,13 @@ def parse_strategy(entry: str) -> tuple[str, dict[str, Any]]:
         key, eq, text = part.partition("=")
         if not eq or not key.strip():
             raise ConfigError(
-                f"Strategy entry '{entry}' must look like name:field=value[:field=value]."
+                f"Strategy entry '{short(entry)}' must look like name:field=value[:field=value]."
             )
         try:
-            overrides[key.strip()] = yaml.safe_load(text)
+            overrides[key.strip()] = load_yaml(text)
         except yaml.YAMLError:
             raise ConfigError(
-                f"Strategy entry '{entry}' has a value that is not valid YAML."
+                f"Strategy entry '{short(entry)}' has a value that is not valid YAML."
             ) from None
     return name.strip(), overrides
 
@@ -144,11 +144,11 @@ def parse_over(text: str) -> tuple[str, list[Any]]:
     """``"population.straggler_ratio=0.3,0.5"`` → ``("population.straggler_ratio", [0.3, 0.5])``."""
     path, eq, values = text.partition("=")
     if not eq or not path.strip() or not values.strip():
-        raise ConfigError(f"--over must look like section.field=v1,v2,..., got '{text}'.")
+        raise ConfigError(f"--over must look like section.field=v1,v2,..., got '{short(text)}'.")
     try:
-        vals = [yaml.safe_load(v) for v in values.split(",")]
+        vals = [load_yaml(v) for v in values.split(",")]
     except yaml.YAMLError:
-        raise ConfigError(f"--over '{text}' has a value that is not valid YAML.") from None
+        raise ConfigError(f"--over '{short(text)}' has a value that is not valid YAML.") from None
     return path.strip(), vals
 
 
