@@ -122,7 +122,12 @@ def _fresh_run_dir(out: Path | None, cfg: Any) -> None:
     from fedclock.errors import ConfigError
     from fedclock.outputs import RUN_FILES, is_temporary
 
-    if out is None or not (out.exists() or out.is_symlink()):
+    if out is None:
+        base = Path(cfg.output_dir)
+        if base.exists() and not base.is_dir():
+            raise ConfigError(f"output_dir {base} is a file; give a folder for the runs.")
+        return
+    if not (out.exists() or out.is_symlink()):
         return
     if out.is_symlink() or not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a folder for the run.")

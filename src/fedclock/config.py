@@ -1301,8 +1301,18 @@ class _BoundedLoader(yaml.SafeLoader):
             )
         return value
 
+    def construct_other(self, node: Any) -> Any:
+        """A date, bytes, set or ordered pairs: no config field holds one."""
+        kind = node.tag.rsplit(":", 1)[-1]
+        raise YamlLimit(
+            f"holds a YAML {kind} at line {node.start_mark.line + 1}, which no config field "
+            "takes (quote it to give text)"
+        )
+
 
 _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+for _tag in ("timestamp", "binary", "set", "omap", "pairs"):
+    _BoundedLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _BoundedLoader.construct_other)
 
 
 def load_yaml(text: str) -> Any:
@@ -1395,7 +1405,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"Config file {p} is not valid YAML{where}.") from None
     if raw is None:
-        return {}
+        raise ConfigError(
+            f"Config file {p} is empty; give at least one section (`fedclock presets demo` "
+            "prints a complete config)."
+        )
     if not isinstance(raw, dict):
         raise ConfigError(
             f"Config file {p} must hold a mapping of sections, not a {type(raw).__name__}."
