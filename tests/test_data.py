@@ -519,9 +519,7 @@ def test_a_compressed_idx_announcing_an_absurd_size_is_refused_before_inflating(
     # 64 MB of zeros in 64 kB (gigabytes would do the same): a bomb if inflated whole
     comp = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
     chunk = bytes(1 << 20)
-    body = (
-        comp.compress(header) + b"".join(comp.compress(chunk) for _ in range(64)) + comp.flush()
-    )
+    body = comp.compress(header) + b"".join(comp.compress(chunk) for _ in range(64)) + comp.flush()
     path = tmp_path / "train-images-idx3-ubyte.gz"
     path.write_bytes(body)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

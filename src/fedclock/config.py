@@ -39,9 +39,28 @@ MAX_ELEMENTS = 1 << 31  # values of a synthetic dataset (8 GB as float32)
 RESNET18_ENTRIES = 17
 
 
+MAX_FLOAT = 1e30  # |x| of any number (above it torch's float32 overflows: a mistake)
+
+
+def _no_huge_floats(model: BaseModel) -> None:
+    for name in type(model).model_fields:
+        v = getattr(model, name)
+        for x in v if isinstance(v, list | tuple) else (v,):
+            if isinstance(x, float) and abs(x) > MAX_FLOAT:
+                raise ValueError(
+                    f"its field {name} = {short(repr(x))} is beyond ±{MAX_FLOAT:g}, larger than "
+                    "any setting means"
+                )
+
+
 class _Section(BaseModel):
     # NaN and ±inf are refused in every field (a config that says .inf means a mistake)
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _bounded_floats(self) -> Any:
+        _no_huge_floats(self)
+        return self
 
 
 class SyntheticConfig(_Section):
@@ -289,6 +308,11 @@ class StrategyOptions(BaseModel):
     salf_fields: ClassVar[tuple[str, ...]] = ()
     #: config paths outside ``strategy`` and ``salf`` that only some strategies read
     reads_elsewhere: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="after")
+    def _bounded_floats(self) -> Any:
+        _no_huge_floats(self)
+        return self
 
     @classmethod
     def paths(cls) -> frozenset[str]:
@@ -1006,6 +1030,16 @@ class ExperimentConfig(_Section):
                     f"cis: a node holds exit {deepest} but model {self.model.arch} has "
                     f"{model_exits} exits."
                 )
+        b, e = self.budget, self.eval
+        if (
+            b.virtual_time
+            and e.every_virtual_seconds
+            and b.virtual_time / e.every_virtual_seconds > 1e6
+        ):
+            raise _sentence(
+                f"eval.every_virtual_seconds {e.every_virtual_seconds:g} asks for more than a "
+                f"million evaluations over budget.virtual_time {b.virtual_time:g}; evaluate less often."
+            )
         if self.strategy.name.startswith("cis-"):
             if c.tree is None:
                 raise _sentence(
