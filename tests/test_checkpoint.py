@@ -55,7 +55,7 @@ def _task(tid: int, base: ModelVersion, shape: Any = FULL) -> Task:
 
 
 def _roundtrip(obj: object, tmp_path: Path) -> dict[str, Any]:
-    write_atomic(tmp_path / "c.pt", {"format": 1, "state": capture(obj)})
+    write_atomic(tmp_path / "c.pt", {"format": FORMAT, "state": capture(obj)})
     return read(tmp_path / "c.pt")
 
 
