@@ -97,6 +97,14 @@ def test_a_folder_from_before_the_record_is_still_fedclocks(tmp_path: Path) -> N
     assert made_by_fedclock(tmp_path / "table.csv")
     assert not made_by_fedclock(tmp_path / "table.md")
     assert made_by_fedclock(tmp_path / "pivot.md")  # not there
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure()
+    fig.savefig(tmp_path / "accuracy.png")  # matplotlib's own tag
+    plt.close(fig)
+    assert made_by_fedclock(tmp_path / "accuracy.png")
+    (tmp_path / "grid.json").write_text('{"entries": [], "files": {}}')
+    assert not made_by_fedclock(tmp_path / "accuracy.png")
 
 
 def test_plot_writes_only_over_its_own_plots(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@
   same folder records for that name: it is recorded before the file is written, so a file
   edited by hand since (or put there by someone else) is not overwritten. Folders made
   before the record existed (a ``grid.json`` without ``files``) count a table whose first
-  line is the one fedclock writes.
+  line is the one fedclock writes, and a matplotlib PNG.
 - ``grid.json`` is fedclock's when it holds an ``entries`` list.
 - A run folder is fedclock's when it holds only a run's files, its ``meta.json`` written by
   fedclock (see :func:`check_run_folder`).
@@ -49,7 +49,16 @@ def png_metadata() -> dict[str, str]:
 def _is_our_png(path: Path) -> bool:
     with path.open("rb") as fh:
         head = fh.read(1 << 16)
-    return head.startswith(_PNG) and b"tEXtSoftware\x00fedclock" in head
+    if not head.startswith(_PNG):
+        return False
+    if b"tEXtSoftware\x00fedclock" in head:
+        return True
+    # a plot of a grid folder from before the tag: matplotlib's, in a folder without the record
+    try:
+        grid = read_grid_json(path.parent)
+    except ConfigError:
+        return False
+    return grid is not None and "files" not in grid and b"tEXtSoftware\x00Matplotlib" in head
 
 
 def _digest(data: bytes) -> str:
