@@ -79,6 +79,8 @@ def _mnist_dir(tmp: Path, mutate: str) -> str:
                 continue
             elif mutate == "empty":
                 raw = b""
+            elif mutate == "absurd size":  # the header announces 2³¹ − 1 images
+                raw = header[:4] + (2**31 - 1).to_bytes(4, "big") + header[8:] + body[:100]
         (folder / f"{name}.gz").write_bytes(gzip.compress(raw))
     return str(folder)
 
@@ -223,6 +225,7 @@ CASES: list[tuple[str, Setup]] = [
     ("wrong IDX magic", _mnist("magic")),
     ("IDX not gzip", _mnist("not-gzip")),
     ("empty IDX", _mnist("empty")),
+    ("IDX announcing an absurd size", _mnist("absurd size")),
     ("CIFAR batch of the wrong shape", _cifar({b"data": np.zeros((4, 100), np.uint8), b"labels": [0] * 4})),
     ("CIFAR batch not a dict", _cifar([1, 2, 3])),
     ("CIFAR folder missing", lambda tmp: ["run", _cfg(tmp, tiny_raw(data={"name": "cifar10"})), "--data-dir", str(tmp)]),

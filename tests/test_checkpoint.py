@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from fedclock.experiment import run_experiment
 from fedclock.models.shapes import FULL, Fragment, Suffix
 from fedclock.sim.checkpoint import (
     CHECKPOINT_FILE,
+    FORMAT,
+    MAGIC,
     capture,
     components,
     is_component,
@@ -52,7 +55,7 @@ def _task(tid: int, base: ModelVersion, shape: Any = FULL) -> Task:
 
 
 def _roundtrip(obj: object, tmp_path: Path) -> dict[str, Any]:
-    write_atomic(tmp_path / "c.pt", {"format": 1, "state": capture(obj)})
+    write_atomic(tmp_path / "c.pt", {"format": FORMAT, "state": capture(obj)})
     return read(tmp_path / "c.pt")
 
 
@@ -108,8 +111,11 @@ def test_a_checkpoint_with_pickled_code_is_refused_without_running_it(tmp_path: 
 
     path = tmp_path / CHECKPOINT_FILE
     buf = io.BytesIO()
-    torch.save({"format": 1, "x": Evil()}, buf)
-    path.write_bytes(buf.getvalue())
+    torch.save({"format": FORMAT, "x": Evil()}, buf)
+    body = buf.getvalue()  # with a valid digest: the refusal comes from weights_only
+    path.write_bytes(
+        b"%s %d sha256:%s\n" % (MAGIC, FORMAT, sha256(body).hexdigest().encode()) + body
+    )
     with pytest.raises(CheckpointError) as err:
         read(path)
     assert not marker.exists()
@@ -255,11 +261,48 @@ def test_resume_refuses_a_checkpoint_of_another_config_or_source(tmp_path: Path)
     other = load_config(raw=tiny_raw(executor={"threads": 1}), overrides=["seed=9"])
     with pytest.raises(CheckpointError, match="another config"):
         run_experiment(other, run_dir=tmp_path, resume=True)
-    payload = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)
+    payload = read(tmp_path / CHECKPOINT_FILE)
     payload["source_digest"] = "sha256:0"
-    torch.save(payload, tmp_path / CHECKPOINT_FILE)
+    write_atomic(tmp_path / CHECKPOINT_FILE, payload)
     with pytest.raises(CheckpointError, match="other fedclock source"):
         run_experiment(cfg, run_dir=tmp_path, resume=True)
+
+
+def test_a_flipped_bit_anywhere_in_a_checkpoint_is_refused(tmp_path: Path) -> None:
+    """The digest written with a checkpoint covers every byte: one bit flipped at any of a
+    spread of positions (header, digest, zip headers, tensor data, the end) is refused in one
+    sentence naming the file and offering to start over; the untouched file loads."""
+    cfg = _case_config("fedbuff")
+    with pytest.raises(_Crash):
+        run_experiment(cfg, run_dir=tmp_path, progress=_crash_at(12))
+    path = tmp_path / CHECKPOINT_FILE
+    good = path.read_bytes()
+    read(path)
+    rng = np.random.default_rng(0)
+    spots = {0, 5, 20, 30, 60, len(good) // 2, len(good) - 1}
+    spots |= set(rng.integers(0, len(good), 40).tolist())
+    for at in sorted(spots):
+        bad = bytearray(good)
+        bad[at] ^= 1 << int(rng.integers(0, 8))
+        path.write_bytes(bytes(bad))
+        with pytest.raises(CheckpointError) as err:
+            read(path)
+        msg = str(err.value)
+        assert str(path) in msg and "start over" in msg and "\n" not in msg, (at, msg)
+    path.write_bytes(good)
+    # through the command line: one sentence, exit 2, nothing changed
+    from typer.testing import CliRunner
+
+    from fedclock.cli import app
+
+    bad = bytearray(good)
+    bad[len(good) * 3 // 4] ^= 0x10
+    path.write_bytes(bytes(bad))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    res = CliRunner().invoke(app, ["run", "--resume", str(tmp_path)])
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and "damaged" in lines[0], res.output
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
 
 
 def test_resume_needs_the_rows_its_checkpoint_covers(tmp_path: Path) -> None:

@@ -502,3 +502,38 @@ def test_synthetic_is_generated_in_float32_without_a_second_copy() -> None:
         assert x.untyped_storage().nbytes() == x.numel() * 4  # its own storage, nothing more
     assert ds.x_train.shape == (15_000, 1, 28, 28) and ds.x_test.shape == (5_000, 1, 28, 28)
     assert abs(float(ds.x_train.mean())) < 1e-4 and abs(float(ds.x_train.std()) - 1) < 1e-4
+
+
+def test_a_compressed_idx_announcing_an_absurd_size_is_refused_before_inflating(
+    tmp_path: Path,
+) -> None:
+    """A gzip file whose IDX header announces 255⁴ images (and then a stream of zeros that
+    would inflate to gigabytes) is refused from its header: one sentence, little memory."""
+    import gzip
+    import resource
+    import zlib
+
+    from fedclock.data.idx import read_idx
+
+    header = (2051).to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in (2**31 - 1, 28, 28))
+    # 64 MB of zeros in 64 kB (gigabytes would do the same): a bomb if inflated whole
+    comp = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    chunk = bytes(1 << 20)
+    body = comp.compress(header) + b"".join(comp.compress(chunk) for _ in range(64)) + comp.flush()
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    path.write_bytes(body)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(DataError, match=r"announces .* bytes of data in its IDX header") as err:
+        read_idx(path, expected_magic=2051)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KB
+    # a well-formed file of the same kind still reads; trailing bytes are still seen
+    ok = (2049).to_bytes(4, "big") + (3).to_bytes(4, "big") + bytes([1, 2, 3])
+    path.write_bytes(gzip.compress(ok))
+    assert read_idx(path, expected_magic=2049).tolist() == [1, 2, 3]
+    path.write_bytes(gzip.compress(ok + b"\0"))
+    with pytest.raises(DataError, match="are present"):
+        read_idx(path, expected_magic=2049)
+    path.write_bytes(gzip.compress(ok)[:-12])
+    with pytest.raises(DataError, match="ends early"):
+        read_idx(path, expected_magic=2049)

@@ -259,7 +259,7 @@ def test_cli_compare_batched_and_alone_write_the_same_table(tmp_path: Path) -> N
     for run in ("fedavg/seed-1", "fedavg/seed-2", "drop-stragglers/seed-1"):
         _assert_same_run(tmp_path / "a" / "runs" / run, tmp_path / "b" / "runs" / run)
     bad = runner.invoke(app, [*args, "--batch-runs", "0", "--out", str(tmp_path / "c")])
-    assert bad.exit_code != 0 and "--batch-runs must be at least 1" in bad.output
+    assert bad.exit_code != 0 and "--batch-runs must be from 1 to 4096" in bad.output
 
 
 def test_interrupt_asks_a_checkpointed_run_to_stop_and_keeps_training_its_batch() -> None:

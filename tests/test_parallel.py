@@ -82,7 +82,7 @@ def test_backend_options_are_checked(tmp_path: Path) -> None:
     res = _compare(cfg, tmp_path / "o", "--backend", "spark")
     assert res.exit_code == 2 and "Unknown backend 'spark'; allowed: local, ray." in res.stderr
     res = _compare(cfg, tmp_path / "o", "--jobs", "0")
-    assert res.exit_code == 2 and "--jobs must be at least 1." in res.stderr
+    assert res.exit_code == 2 and "--jobs must be from 1 to 4096." in res.stderr
     res = _compare(cfg, tmp_path / "o", "--address", "ray://x:1")
     assert res.exit_code == 2 and "give it with --backend ray" in res.stderr
 

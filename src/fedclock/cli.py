@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedclock.errors import FedclockError
+from fedclock.errors import FedclockError, short
 
 if TYPE_CHECKING:
     from fedclock.config import ExperimentConfig
@@ -115,27 +115,32 @@ def _user_errors() -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
-_RUN_FILES = frozenset(
-    {"config.yaml", "meta.json", "metrics.csv", "summary.json", "clients.csv", "checkpoint.pt"}
-)
-
-
 def _fresh_run_dir(out: Path | None, cfg: Any) -> None:
     """``run --out``: a new or empty folder, or one holding a run of this very config (made
     again, the same numbers): no other file already there is ever overwritten."""
     from fedclock.config import to_yaml
     from fedclock.errors import ConfigError
+    from fedclock.outputs import RUN_FILES, is_temporary
 
-    if out is None or not out.exists():
+    if out is None:
+        base = Path(cfg.output_dir)
+        if base.exists() and not base.is_dir():
+            raise ConfigError(f"output_dir {base} is a file; give a folder for the runs.")
         return
-    if not out.is_dir():
+    if not (out.exists() or out.is_symlink()):
+        return
+    if out.is_symlink() or not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a folder for the run.")
     # (a checkpoint being written when the process was killed leaves a temporary file)
-    names = {p.name for p in out.iterdir() if not p.name.startswith(".checkpoint-")}
+    names = {p.name for p in out.iterdir() if not is_temporary(p.name)}
     if not names:
         return
-    same = (out / "config.yaml").is_file() and (out / "config.yaml").read_text() == to_yaml(cfg)
-    if not (same and names <= _RUN_FILES):
+    try:
+        same = (out / "config.yaml").read_bytes() == to_yaml(cfg).encode()
+    except OSError:
+        same = False
+    regular = all((out / n).is_file() and not (out / n).is_symlink() for n in names)
+    if not (same and regular and names <= RUN_FILES):
         raise ConfigError(
             f"Run folder {out} already exists and holds other files than a run of this "
             "config; fedclock writes a run only into a new or empty folder (or over a run of "
@@ -147,16 +152,15 @@ def _resume_config(run_dir: Path) -> Any:
     """The config of the run in ``run_dir`` to resume (None if that run has finished)."""
     from fedclock.config import load_config, read_yaml
     from fedclock.errors import ConfigError
+    from fedclock.metrics.recorder import read_summary
     from fedclock.sim.checkpoint import CHECKPOINT_FILE
 
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"--resume {run_dir}: no fedclock run there (it has no config.yaml).")
     if not (run_dir / CHECKPOINT_FILE).is_file():
-        try:
-            status = json.loads((run_dir / "summary.json").read_text()).get("status")
-        except (OSError, ValueError):
-            status = None
-        if status in ("completed", "diverged"):
+        # (with a checkpoint the summary is rewritten: a kill may have cut it short)
+        summary = read_summary(run_dir)  # a damaged one: one sentence, nothing touched
+        if summary is not None and summary["status"] in ("completed", "diverged"):
             return None
     return load_config(raw=read_yaml(run_dir / "config.yaml"))
 
@@ -305,7 +309,10 @@ def run(
             cfg = _resume_config(resume)
             out = resume
             if cfg is None:  # the run had finished
-                summary = json.loads((resume / "summary.json").read_text())
+                from fedclock.metrics.recorder import read_summary
+
+                summary = read_summary(resume)
+                assert summary is not None
                 console.print(_summary_table(summary, resume))
                 console.print(
                     f"{resume} holds a finished run ({summary['status']}): nothing to resume."
@@ -372,7 +379,7 @@ def _strategy_entries(text: str | None, cfg: Any, default: list[str]) -> list[st
     for n in names:
         if n.split(":")[0] not in STRATEGIES:
             raise ConfigError(
-                f"Unknown strategy '{n}' in --strategies; allowed: {', '.join(sorted(STRATEGIES))}."
+                f"Unknown strategy '{short(n)}' in --strategies; allowed: {', '.join(sorted(STRATEGIES))}."
             )
     return names
 
@@ -384,7 +391,9 @@ def _seed_list(text: str | None, cfg: Any) -> list[int]:
     try:
         return _csv_list(text, int) or list(cfg.compare.seeds) or [cfg.seed]
     except ValueError:
-        raise ConfigError(f"--seeds must be comma-separated integers, got '{text}'.") from None
+        raise ConfigError(
+            f"--seeds must be comma-separated integers, got '{short(text)}'."
+        ) from None
 
 
 def _lr_rates(lr_grid: str | None, no_lr_grid: bool, cfg: Any, console: Console) -> list[float]:
@@ -413,10 +422,10 @@ def _lr_rates(lr_grid: str | None, no_lr_grid: bool, cfg: Any, console: Console)
             rates = _csv_list(lr_grid, float)
         except ValueError:
             raise ConfigError(
-                f"--lr-grid must be comma-separated numbers, got '{lr_grid}'."
+                f"--lr-grid must be comma-separated numbers, got '{short(lr_grid)}'."
             ) from None
         if any(not r > 0 for r in rates):
-            raise ConfigError(f"--lr-grid rates must all be > 0, got '{lr_grid}'.")
+            raise ConfigError(f"--lr-grid rates must all be > 0, got '{short(lr_grid)}'.")
     return rates
 
 
@@ -747,6 +756,16 @@ def plot(
     from fedclock.runs import headline_metric
 
     with _user_errors():
+        from fedclock.metrics.recorder import read_summary
+        from fedclock.outputs import check_writable
+
+        for name, v in (("--until", until), ("--y-min", y_min)):
+            if v is not None and not math.isfinite(v):
+                raise DataError(f"{name} must be a finite number, got {v}.")
+        if out is not None:
+            if out.suffix.lower() != ".png":
+                raise DataError(f"--out {out} must name a .png file.")
+            check_writable([out])
         tables = [d for d in run_dirs if (d / "table.csv").is_file()]
         if tables:
             if len(tables) < len(run_dirs):
@@ -772,19 +791,27 @@ def plot(
                 raise DataError(
                     "Two sweep folders have the same name; rename one to tell them apart."
                 )
-            path = plot_sweeps(rows, out or tables[0] / "sweeps.png", metric=key, log_x=log_x)
+            target = out or tables[0] / "sweeps.png"
+            check_writable([target])
+            path = plot_sweeps(rows, target, metric=key, log_x=log_x)
             Console().print(f"wrote {path}")
             return
+        target = out or run_dirs[0] / ("exits.png" if metric == "exits" else "accuracy.png")
+        check_writable([target])
         groups: dict[str, list[dict[str, Any]]] = {}
         for d in run_dirs:
             if not (d / "metrics.csv").is_file():
                 raise DataError(f"{d} is not a run directory: it has no metrics.csv.")
             label = d.name
-            summary = d / "summary.json"
-            if summary.is_file():
-                s = json.loads(summary.read_text())
-                label = f"{s.get('strategy', d.name)} (seed {s.get('seed')}) · {d.name}"
+            s = read_summary(d)  # (damaged: one sentence)
+            if s is not None:
+                label = f"{s['strategy']} (seed {s['seed']}) · {d.name}"
             metrics = read_metrics(d)
+            for col in ("virtual_time", "aggregation"):
+                if metrics and col not in metrics:
+                    raise DataError(
+                        f"{d}/metrics.csv is not a run's metrics table: it has no column '{col}'."
+                    )
             if metric == "exits" and "exit1_accuracy" not in metrics:
                 raise DataError(f"{d}/metrics.csv has no exit columns (not an early-exit run).")
             if metric != "exits" and metric not in metrics:
@@ -794,18 +821,16 @@ def plot(
                     raise DataError(f"--until must be a positive virtual time, got {until:g}.")
                 keep = metrics["virtual_time"] <= until
                 metrics = {k: v[keep] for k, v in metrics.items()}
-            if metric == "exits" and d.name.startswith("seed-") and summary.is_file():
+            if metric == "exits" and d.name.startswith("seed-") and s is not None:
                 # a comparison's or sweep's cell: its seeds make one line (mean ± std)
-                label = f"{s.get('strategy', d.parent.name)} · {d.parent.name}"
+                label = f"{s['strategy']} · {d.parent.name}"
                 groups.setdefault(label, []).append(metrics)
                 continue
             groups[label] = [metrics]
         if metric == "exits":
-            path = plot_exits(groups, out or run_dirs[0] / "exits.png")
+            path = plot_exits(groups, target)
         else:
-            path = plot_groups(
-                groups, out or run_dirs[0] / "accuracy.png", metric=metric, y_min=y_min
-            )
+            path = plot_groups(groups, target, metric=metric, y_min=y_min)
     Console().print(f"wrote {path}")
 
 

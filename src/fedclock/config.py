@@ -26,38 +26,83 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from fedclock.errors import ConfigError
+from fedclock.errors import ConfigError, short
+
+#: bounds on sizes that no experiment means: a bigger value is a mistake, refused before
+#: anything is allocated (docs/reliability.md)
+BIG_WIDTH = 1 << 16  # a layer's width, a dimension, a class count
+BIG_COUNT = 1_000_000_000  # samples, steps, aggregations, batch sizes
+MAX_CLIENTS = 10_000_000
+MAX_THREADS = 4096
+MAX_SEED = (1 << 63) - 1
+MAX_ELEMENTS = 1 << 31  # values of a synthetic dataset (8 GB as float32)
+RESNET18_ENTRIES = 17
+
+
+MAX_FLOAT = 1e30  # |x| of any number (above it torch's float32 overflows: a mistake)
+
+
+def _no_huge_floats(model: BaseModel) -> None:
+    for name in type(model).model_fields:
+        v = getattr(model, name)
+        for x in v if isinstance(v, list | tuple) else (v,):
+            if isinstance(x, float) and abs(x) > MAX_FLOAT:
+                raise ValueError(
+                    f"its field {name} = {short(repr(x))} is beyond ±{MAX_FLOAT:g}, larger than "
+                    "any setting means"
+                )
 
 
 class _Section(BaseModel):
     # NaN and ±inf are refused in every field (a config that says .inf means a mistake)
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
+    @model_validator(mode="after")
+    def _bounded_floats(self) -> Any:
+        _no_huge_floats(self)
+        return self
+
 
 class SyntheticConfig(_Section):
-    num_samples: int = Field(2000, ge=10)
-    num_features: int = Field(20, ge=1)
-    num_classes: int = Field(4, ge=2)
+    num_samples: int = Field(2000, ge=10, le=BIG_COUNT)
+    num_features: int = Field(20, ge=1, le=BIG_WIDTH)
+    num_classes: int = Field(4, ge=2, le=BIG_WIDTH)
     separation: float = Field(2.0, ge=0)
     image_shape: list[int] | None = Field(
         None,
         min_length=1,
+        max_length=4,
         description="sample shape, e.g. [3, 32, 32] for CIFAR-shaped runs; replaces num_features",
     )
 
     @field_validator("image_shape")
     @classmethod
     def _positive_dims(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and any(d < 1 for d in v):
-            raise ValueError("every dimension must be a positive integer")
+        if v is not None and any(not 1 <= d <= BIG_WIDTH for d in v):
+            raise ValueError(f"every dimension must be an integer from 1 to {BIG_WIDTH}")
         return v
+
+    @model_validator(mode="after")
+    def _fits(self) -> SyntheticConfig:
+        per = math.prod(self.image_shape) if self.image_shape else self.num_features
+        if self.num_samples * per > MAX_ELEMENTS:
+            raise _sentence(
+                f"data.synthetic: {self.num_samples} samples of {per} values each are more than "
+                f"{MAX_ELEMENTS:.0e} values in all, too many to hold in memory."
+            )
+        return self
 
 
 class TextConfig(_Section):
-    seq_len: int = Field(80, ge=1, description="characters per input window")
-    stride: int = Field(20, ge=1, description="characters between successive window starts")
+    seq_len: int = Field(80, ge=1, le=BIG_WIDTH, description="characters per input window")
+    stride: int = Field(
+        20, ge=1, le=BIG_COUNT, description="characters between successive window starts"
+    )
     min_samples: int = Field(
-        10, ge=2, description="speaking roles with fewer windows than this are dropped"
+        10,
+        ge=2,
+        le=BIG_COUNT,
+        description="speaking roles with fewer windows than this are dropped",
     )
 
 
@@ -65,8 +110,8 @@ class DataConfig(_Section):
     name: Literal["digits", "mnist", "synthetic", "shakespeare", "cifar10", "cifar100"] = "digits"
     data_dir: str | None = None
     test_fraction: float = Field(0.2, gt=0, lt=1)
-    max_train: int | None = Field(None, ge=1)
-    max_test: int | None = Field(None, ge=1)
+    max_train: int | None = Field(None, ge=1, le=BIG_COUNT)
+    max_test: int | None = Field(None, ge=1, le=BIG_COUNT)
     synthetic: SyntheticConfig = SyntheticConfig()
     text: TextConfig = TextConfig()
     normalize: Literal["dataset", "authors"] = Field(
@@ -78,16 +123,16 @@ class DataConfig(_Section):
 
 class PartitionConfig(_Section):
     scheme: Literal["iid", "dirichlet", "shards", "natural"] = "iid"
-    num_clients: int = Field(20, ge=1)
+    num_clients: int = Field(20, ge=1, le=MAX_CLIENTS)
     alpha: float = Field(0.5, gt=0)
-    shards_per_client: int = Field(2, ge=1)
+    shards_per_client: int = Field(2, ge=1, le=BIG_COUNT)
     sizes: Literal["equal", "lognormal", "tree"] = Field(
         "equal",
         description="client data sizes: equal, lognormal, or tree (each layer of the "
         "cis tree holds cis.split of the data, evenly among its nodes)",
     )
-    size_sigma: float = Field(1.0, ge=0)
-    min_samples: int = Field(1, ge=1)
+    size_sigma: float = Field(1.0, ge=0, le=10)
+    min_samples: int = Field(1, ge=1, le=BIG_COUNT)
 
 
 class ModelConfig(_Section):
@@ -104,19 +149,22 @@ class ModelConfig(_Section):
         "ee_cnn",
         "ee_resnet18",
     ] = "mlp"
-    hidden: list[int] = [64]
-    channels: list[int] = [32, 64]
-    kernel_size: int = Field(5, ge=1)
+    hidden: list[int] = Field([64], max_length=64)
+    channels: list[int] = Field([32, 64], max_length=64)
+    kernel_size: int = Field(5, ge=1, le=64)
     fc_hidden: int | None = Field(
         None,
         ge=1,
+        le=BIG_WIDTH,
         description="null = the arch's default: cnn 512, fraboni_cnn 64 (256 if >10 classes)",
     )
     padding: Literal["same", "valid"] = "same"
-    embed_dim: int = Field(8, ge=1, description="lstm: character embedding width")
-    lstm_hidden: int = Field(100, ge=1, description="lstm: units per LSTM layer")
-    lstm_layers: int = Field(2, ge=1, description="lstm: stacked LSTM layers")
-    vgg_width: float = Field(1.0, gt=0, description="vgg*: channel multiplier (1 = the paper's)")
+    embed_dim: int = Field(8, ge=1, le=BIG_WIDTH, description="lstm: character embedding width")
+    lstm_hidden: int = Field(100, ge=1, le=BIG_WIDTH, description="lstm: units per LSTM layer")
+    lstm_layers: int = Field(2, ge=1, le=64, description="lstm: stacked LSTM layers")
+    vgg_width: float = Field(
+        1.0, gt=0, le=64, description="vgg*: channel multiplier (1 = the paper's)"
+    )
     exits: list[int] | None = Field(
         None,
         description="ee_resnet18: the entries (1..17) followed by an exit; null = the paper's "
@@ -126,8 +174,20 @@ class ModelConfig(_Section):
     @field_validator("hidden", "channels")
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:
-        if any(w < 1 for w in v):
-            raise ValueError("every width must be a positive integer")
+        if any(not 1 <= w <= BIG_WIDTH for w in v):
+            raise ValueError(f"every width must be an integer from 1 to {BIG_WIDTH}")
+        return v
+
+    @field_validator("exits")
+    @classmethod
+    def _exit_entries(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (
+            not v or any(not 1 <= e <= RESNET18_ENTRIES for e in v) or sorted(set(v)) != v
+        ):
+            raise ValueError(
+                f"give the entries followed by an exit in increasing order, each from 1 to "
+                f"{RESNET18_ENTRIES} (ee_resnet18's blocks)"
+            )
         return v
 
     @model_validator(mode="after")
@@ -144,7 +204,7 @@ class ModelConfig(_Section):
 
 class SlowdownConfig(_Section):
     kind: Literal["none", "lognormal", "exponential"] = "none"
-    sigma: float = Field(0.5, ge=0)
+    sigma: float = Field(0.5, ge=0, le=10)
 
 
 class DeviceClassConfig(_Section):
@@ -199,9 +259,9 @@ class PopulationConfig(_Section):
 
 
 class TrainConfig(_Section):
-    local_epochs: float | None = Field(1.0, gt=0)
-    local_steps: int | None = Field(None, ge=1)
-    batch_size: int = Field(32, ge=1)
+    local_epochs: float | None = Field(1.0, gt=0, le=10_000)
+    local_steps: int | None = Field(None, ge=1, le=BIG_COUNT)
+    batch_size: int = Field(32, ge=1, le=BIG_COUNT)
     lr: float = Field(0.05, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
@@ -248,6 +308,11 @@ class StrategyOptions(BaseModel):
     salf_fields: ClassVar[tuple[str, ...]] = ()
     #: config paths outside ``strategy`` and ``salf`` that only some strategies read
     reads_elsewhere: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="after")
+    def _bounded_floats(self) -> Any:
+        _no_huge_floats(self)
+        return self
 
     @classmethod
     def paths(cls) -> frozenset[str]:
@@ -364,6 +429,7 @@ class AsyncOptions(_ServerOptions):
     concurrency: int | None = Field(
         None,
         ge=1,
+        le=MAX_CLIENTS,
         description="at most this many clients train at once, drawn uniformly from the idle "
         "ones (FLSim's max concurrency); null = every client",
     )
@@ -388,7 +454,7 @@ class WeightedAsyncOptions(AsyncOptions):
     ] = Field("auto", description="d_i of eq. 6; auto = the strategy's own rule")
     delta_t: float | None = Field(None, gt=0, description="FedFix period Δt in virtual seconds")
     buffer_size: int | None = Field(
-        None, ge=1, description="FedBuff: a server step every m arrivals"
+        None, ge=1, le=BIG_COUNT, description="FedBuff: a server step every m arrivals"
     )
     tau_source: Literal["profile", "estimated"] = Field(
         "profile", description="update times τ_i: device profile, or estimated from arrivals"
@@ -616,14 +682,14 @@ class CisBalancedOptions(_CisOptions):
         "null = measured on the initial model",
     )
     sigma_samples: int = Field(
-        256, ge=2, description="training samples used to measure σ_e (sigma: null)"
+        256, ge=2, le=BIG_COUNT, description="training samples used to measure σ_e (sigma: null)"
     )
 
     @field_validator("sigma")
     @classmethod
     def _positive_sigma(cls, v: list[float] | None) -> list[float] | None:
-        if v is not None and (not v or any(not (x > 0) for x in v)):
-            raise ValueError("every σ_e must be > 0")
+        if v is not None and (not v or any(not (0 < x < math.inf) for x in v)):
+            raise ValueError("every σ_e must be a finite number > 0")
         return v
 
 
@@ -709,8 +775,8 @@ def readers_of(path: str) -> list[str]:
 
 class BudgetConfig(_Section):
     virtual_time: float | None = Field(None, gt=0)
-    aggregations: int | None = Field(None, ge=1)
-    updates: int | None = Field(None, ge=1)
+    aggregations: int | None = Field(None, ge=1, le=BIG_COUNT)
+    updates: int | None = Field(None, ge=1, le=BIG_COUNT)
 
     @model_validator(mode="after")
     def _some(self) -> BudgetConfig:
@@ -739,7 +805,7 @@ class CheckpointConfig(_Section):
     Ctrl-C writes one before stopping. Both null: no checkpoints."""
 
     every_aggregations: int | None = Field(
-        None, ge=1, description="write a checkpoint every this many server steps"
+        None, ge=1, le=BIG_COUNT, description="write a checkpoint every this many server steps"
     )
     every_seconds: float | None = Field(
         60.0, gt=0, description="write a checkpoint every this many wall-clock seconds"
@@ -747,9 +813,9 @@ class CheckpointConfig(_Section):
 
 
 class EvalConfig(_Section):
-    every_aggregations: int | None = Field(1, ge=1)
+    every_aggregations: int | None = Field(1, ge=1, le=BIG_COUNT)
     every_virtual_seconds: float | None = Field(None, gt=0)
-    batch_size: int = Field(2048, ge=1)
+    batch_size: int = Field(2048, ge=1, le=BIG_COUNT)
     target_accuracy: float | None = Field(None, gt=0, le=1)
     divergence_factor: float | None = Field(
         100.0,
@@ -764,12 +830,14 @@ class EvalConfig(_Section):
     val_holdout: int = Field(
         0,
         ge=0,
+        le=BIG_COUNT,
         description="training samples held out for validation; the summary then has the test "
         "accuracy of the best-validation model (SALF reference: 10000; formerly salf.val_holdout)",
     )
     val_every_aggregations: int | None = Field(
         None,
         ge=1,
+        le=BIG_COUNT,
         description="with val_holdout: validate every k aggregations to pick the best model, "
         "testing only the improvements (null: validate with each test evaluation)",
     )
@@ -789,20 +857,26 @@ class ExecutorConfig(_Section):
         "(each running auto)",
     )
     workers: int | None = Field(
-        None, ge=1, description="kind ray: the actors (null: every CPU of the Ray cluster)"
+        None,
+        ge=1,
+        le=MAX_THREADS,
+        description="kind ray: the actors (null: every CPU of the Ray cluster)",
     )
     max_batch_clients: int | None = Field(
-        None, ge=1, description="clients per vectorized block; null = automatic from model size"
+        None,
+        ge=1,
+        le=MAX_CLIENTS,
+        description="clients per vectorized block; null = automatic from model size",
     )
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     threads: int | None = Field(
-        None, ge=1, description="torch intra-op threads; null = torch default"
+        None, ge=1, le=MAX_THREADS, description="torch intra-op threads; null = torch default"
     )
 
 
 class CompareConfig(_Section):
-    strategies: list[str] = []
-    seeds: list[int] = []
+    strategies: list[str] = Field([], max_length=1000)
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field([], max_length=10_000)
     over: list[str] = Field(
         [], description="fedclock sweep's default grid, e.g. population.straggler_ratio=0.3,0.5"
     )
@@ -816,8 +890,8 @@ class CompareConfig(_Section):
     @field_validator("lr_grid")
     @classmethod
     def _positive_rates(cls, v: list[float]) -> list[float]:
-        if any(not x > 0 for x in v):
-            raise ValueError("every learning rate must be > 0")
+        if any(not 0 < x < math.inf for x in v):
+            raise ValueError("every learning rate must be a finite number > 0")
         return v
 
 
@@ -845,8 +919,8 @@ class SalfConfig(_Section):
 
 
 class CisNodeConfig(_Section):
-    parent: int = Field(..., ge=-1, description="the parent node (−1: the root)")
-    exit: int = Field(..., ge=1, description="E_i: the deepest exit the node holds")
+    parent: int = Field(..., ge=-1, le=MAX_CLIENTS, description="the parent node (−1: the root)")
+    exit: int = Field(..., ge=1, le=64, description="E_i: the deepest exit the node holds")
     arrival: float = Field(0.0, ge=0, description="λ^a_i: requests per second arriving here")
     capacity: float | None = Field(
         None, ge=0, description="μ^max_i: requests per second it may forward (null: unlimited)"
@@ -880,6 +954,30 @@ class CisConfig(_Section):
         "(1/3 each), biased (14.3/28.6/57.1 %), highly-biased (3.4/19.9/76.7 %), or a list",
     )
 
+    @field_validator("serving")
+    @classmethod
+    def _shares(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            vals = [float(x) for x in v.split("-")]
+        except ValueError:
+            raise ValueError(
+                "give the shares served at each exit as numbers, e.g. '80-15-5'"
+            ) from None
+        if len(vals) > 64 or any(not 0 <= x < math.inf for x in vals) or sum(vals) <= 0:
+            raise ValueError("the shares must be finite numbers ≥ 0, not all 0 (e.g. '80-15-5')")
+        return v
+
+    @field_validator("split")
+    @classmethod
+    def _layer_shares(cls, v: Any) -> Any:
+        if isinstance(v, list) and (
+            not v or len(v) > 64 or any(not 0 <= x < math.inf for x in v) or sum(v) <= 0
+        ):
+            raise ValueError("the layer shares must be finite numbers ≥ 0, not all 0")
+        return v
+
     @property
     def size(self) -> int | None:
         if self.tree is None:
@@ -892,7 +990,7 @@ class CisConfig(_Section):
 class ExperimentConfig(_Section):
     name: str = "experiment"
     description: str = ""
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     data: DataConfig = DataConfig()
     partition: PartitionConfig = PartitionConfig()
     model: ModelConfig = ModelConfig()
@@ -908,6 +1006,19 @@ class ExperimentConfig(_Section):
     salf: SalfConfig = SalfConfig()
     cis: CisConfig = CisConfig()
     output_dir: str = "runs"
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, v: str) -> str:
+        """The name starts the run folder's name: one plain name inside output_dir."""
+        if not v or len(v) > 100:
+            raise ValueError("give a name of 1 to 100 characters (it names the run folder)")
+        if v in (".", "..") or any(c in "/\\" or not c.isprintable() for c in v):
+            raise ValueError(
+                "the name becomes a folder inside output_dir, so it cannot be '.' or '..' or "
+                "hold a slash, a backslash or a control character"
+            )
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -938,6 +1049,26 @@ class ExperimentConfig(_Section):
         if self.partition.sizes == "tree" and c.tree is None:
             raise _sentence("partition.sizes is tree, so set cis.tree (the tree whose layers "
                             "split the data).")  # fmt: skip
+        if c.tree is not None and self.model.arch in ("ee_cnn", "ee_resnet18"):
+            model_exits = (
+                len(self.model.exits or (1, 2, 3)) if self.model.arch == "ee_resnet18" else 3
+            )
+            deepest = max((n.exit for n in c.nodes or ()), default=3)
+            if deepest > model_exits:
+                raise _sentence(
+                    f"cis: a node holds exit {deepest} but model {self.model.arch} has "
+                    f"{model_exits} exits."
+                )
+        b, e = self.budget, self.eval
+        if (
+            b.virtual_time
+            and e.every_virtual_seconds
+            and b.virtual_time / e.every_virtual_seconds > 1e6
+        ):
+            raise _sentence(
+                f"eval.every_virtual_seconds {e.every_virtual_seconds:g} asks for more than a "
+                f"million evaluations over budget.virtual_time {b.virtual_time:g}; evaluate less often."
+            )
         if self.strategy.name.startswith("cis-"):
             if c.tree is None:
                 raise _sentence(
@@ -1038,7 +1169,7 @@ def _split_strategy(raw: dict[str, Any], role: Role, compared: set[str]) -> dict
         readers = readers_of(f"strategy.{key}")
         if not readers:
             raise _sentence(
-                f"Unknown config field 'strategy.{key}'; allowed fields in strategy: "
+                f"Unknown config field 'strategy.{short(str(key))}'; allowed fields in strategy: "
                 f"{', '.join(own.model_fields)} (the options of {name})."
             )
         try:  # checked as the field of a strategy that reads it
@@ -1079,7 +1210,8 @@ def _move_deprecated(data: dict[str, Any]) -> dict[str, Any]:
         if key in target and target[key] != value:
             raise _sentence(
                 f"Config field '{old}' is now '{new}', and the config gives both with "
-                f"different values ({value!r} and {target[key]!r}); keep only '{new}'."
+                f"different values ({short(repr(value))} and {short(repr(target[key]))}); keep "
+                f"only '{new}'."
             )
         data[section] = {**target, key: value}
         owner = DataConfig if section == "data" else EvalConfig
@@ -1146,13 +1278,13 @@ def describe_validation_error(err: ValidationError, *, prefix: tuple[str, ...] =
     )
     if len(loc) > 1 and loc[0] == "strategy" and loc[1] in STRATEGY_OPTIONS:
         loc = loc[:1] + loc[2:]  # the union's tag: the strategy's options class
-    path = ".".join(str(p) for p in loc) or "config"
+    path = ".".join(short(str(p)) for p in loc) or "config"
     if e["type"] == "union_tag_invalid" and loc == ("strategy",):
         name = e["input"].get("name") if isinstance(e["input"], dict) else e["input"]
         allowed = ", ".join(sorted(STRATEGY_OPTIONS))
         return (
-            f"Invalid config field 'strategy.name': unknown strategy '{name}'; "
-            f"allowed: {allowed} (got {name!r})."
+            f"Invalid config field 'strategy.name': unknown strategy {short(repr(name))}; "
+            f"allowed: {allowed}."
         )
     if e["type"] == "extra_forbidden":
         parent_loc = tuple(p for p in loc[:-1] if not isinstance(p, int))
@@ -1164,8 +1296,97 @@ def describe_validation_error(err: ValidationError, *, prefix: tuple[str, ...] =
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     got = e.get("input")
-    shown = "" if isinstance(got, dict) or e["type"] == "missing" else f" (got {got!r})"
+    shown = "" if isinstance(got, dict) or e["type"] == "missing" else f" (got {short(repr(got))})"
     return f"Invalid config field '{path}': {msg}{shown}."
+
+
+# ---------------------------------------------------------------- bounded YAML
+#
+# A config is small: YAML that no config needs is refused before it can cost memory or
+# recursion (docs/reliability.md): aliases (``*a``, so no "billion laughs"), nesting deeper
+# than MAX_DEPTH, a key given twice in one mapping (PyYAML keeps the last silently),
+# integers outside int64, files over MAX_CONFIG_BYTES.
+
+MAX_DEPTH = 20
+MAX_CONFIG_BYTES = 1 << 20
+_INT64 = 1 << 63
+
+
+class YamlLimit(yaml.YAMLError):
+    """YAML that a config may not hold; ``str()`` is the end of a sentence."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` within the limits above."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise YamlLimit(
+                f"uses a YAML alias at line {mark.line + 1} (*name), which a config may not"
+            )
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            mark = self.peek_event().start_mark
+            raise YamlLimit(f"nests deeper than {MAX_DEPTH} levels (line {mark.line + 1})")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: SafeConstructor says so
+                break
+            if duplicate:
+                raise YamlLimit(
+                    f"gives '{short(str(key))}' twice in one mapping (line "
+                    f"{key_node.start_mark.line + 1}); keep one"
+                )
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: Any) -> int:
+        digits = sum(c.isdigit() for c in str(node.value))
+        value = super().construct_yaml_int(node) if digits <= 40 else _INT64
+        if not -_INT64 <= value < _INT64:
+            raise YamlLimit(
+                f"holds an integer too large for any field ({short(str(node.value), 20)}, line "
+                f"{node.start_mark.line + 1})"
+            )
+        return value
+
+    def construct_other(self, node: Any) -> Any:
+        """A date, bytes, set or ordered pairs: no config field holds one."""
+        kind = node.tag.rsplit(":", 1)[-1]
+        raise YamlLimit(
+            f"holds a YAML {kind} at line {node.start_mark.line + 1}, which no config field "
+            "takes (quote it to give text)"
+        )
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+for _tag in ("timestamp", "binary", "set", "omap", "pairs"):
+    _BoundedLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _BoundedLoader.construct_other)
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` within the limits above (YamlLimit, or another YAMLError)."""
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    except RecursionError:
+        raise YamlLimit(f"nests deeper than {MAX_DEPTH} levels") from None
+    finally:
+        loader.dispose()
 
 
 def _set_path(raw: dict[str, Any], dotted: str, value: Any) -> None:
@@ -1176,7 +1397,7 @@ def _set_path(raw: dict[str, Any], dotted: str, value: Any) -> None:
         if child is None:
             child = node[p] = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"Cannot set '{dotted}': '{p}' is not a section.")
+            raise ConfigError(f"Cannot set '{short(dotted)}': '{short(p)}' is not a section.")
         node = child
     node[parts[-1]] = value
 
@@ -1185,16 +1406,21 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     """Apply ``key.path=value`` overrides (values parsed as YAML) to a raw config dict."""
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"Override '{item}' is not of the form key.path=value.")
+            raise ConfigError(f"Override '{short(item)}' is not of the form key.path=value.")
         key, _, text = item.partition("=")
         key = key.strip()
         if not key:
-            raise ConfigError(f"Override '{item}' has an empty key.")
+            raise ConfigError(f"Override '{short(item)}' has an empty key.")
+        if any(not part.strip() for part in key.split(".")):
+            raise ConfigError(f"Override '{short(item)}' has an empty part in its key path.")
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = load_yaml(text) if text.strip() else None
+        except YamlLimit as exc:
+            raise ConfigError(f"Override '{short(item)}' {exc}.") from None
         except yaml.YAMLError as exc:
             raise ConfigError(
-                f"Override '{item}' has a value that is not valid YAML ({exc.__class__.__name__})."
+                f"Override '{short(item)}' has a value that is not valid YAML "
+                f"({exc.__class__.__name__})."
             ) from None
         if key in MOVED:  # the new path, so that it replaces what the file gives there
             _moved_warning(key, MOVED[key])
@@ -1216,19 +1442,36 @@ def validate(raw: dict[str, Any], *, role: Role = "run") -> ExperimentConfig:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"Config file not found: {p}.")
+        what = "is a folder, not a config file" if p.is_dir() else "not found"
+        raise ConfigError(f"Config file {what}: {p}." if what == "not found" else f"{p} {what}.")
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        with p.open("rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        reason = (exc.strerror or type(exc).__name__).lower()
+        raise ConfigError(f"Config file {p} could not be read ({reason}).") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"Config file {p} is larger than {MAX_CONFIG_BYTES >> 20} MiB; a config is a few "
+            "hundred lines."
+        )
+    try:
+        raw = load_yaml(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"Config file {p} is not UTF-8 text (byte {exc.start} cannot be decoded)."
         ) from None
+    except YamlLimit as exc:
+        raise ConfigError(f"Config file {p} {exc}.") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"Config file {p} is not valid YAML{where}.") from None
     if raw is None:
-        return {}
+        raise ConfigError(
+            f"Config file {p} is empty; give at least one section (`fedclock presets demo` "
+            "prints a complete config)."
+        )
     if not isinstance(raw, dict):
         raise ConfigError(
             f"Config file {p} must hold a mapping of sections, not a {type(raw).__name__}."

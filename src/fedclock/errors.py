@@ -25,3 +25,12 @@ class DivergenceError(FedclockError):
 
 class CheckpointError(FedclockError):
     """A checkpoint cannot be written, read back or resumed from."""
+
+
+def short(value: object, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters: an error sentence quotes at most a short
+    prefix of a bad value (a huge one is never printed whole)."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) > limit:
+        text = f"{text[:limit]}…"
+    return text

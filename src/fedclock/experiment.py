@@ -71,6 +71,25 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
     return path
 
 
+#: parameters of the largest model a run may build (4 GB a copy as float32; a run holds
+#: several copies): a bigger one is a mistake in the model's sizes
+MAX_PARAMETERS = 1_000_000_000
+
+
+def check_model_size(new_model: Callable[[], torch.nn.Module], arch: str) -> None:
+    """One sentence, before anything is allocated, when the model is too large to hold: it
+    is built on the meta device (shapes only) and its parameters counted."""
+    with torch.device("meta"):
+        probe = new_model()
+    n = sum(p.numel() for p in probe.parameters())
+    if n > MAX_PARAMETERS:
+        raise ConfigError(
+            f"Model {arch} with these sizes has {n:.3g} parameters, more than the "
+            f"{MAX_PARAMETERS:.0e} a run can hold; make its widths (model.hidden, "
+            "model.channels, ...) smaller."
+        )
+
+
 def check_deadline(strategy: Strategy, population: Population, cfg: ExperimentConfig) -> None:
     """An impossible deadline fails before any compute: no client could ever deliver."""
     t_max = strategy.needs.deadline  # the deadline the strategy declares
@@ -354,6 +373,7 @@ def run_experiment(
                 seed=torch_seed(cfg.seed, "init") % (2**31),
             )  # fmt: skip
 
+        check_model_size(new_model, m.arch)
         model = new_model()
         layers = layer_view(model, ds.input_shape)
         data = ClientData.from_partition(ds.x_train, ds.y_train, parts)

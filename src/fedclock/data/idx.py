@@ -13,7 +13,6 @@ that names the file.
 
 from __future__ import annotations
 
-import gzip
 import zlib
 from pathlib import Path
 
@@ -47,19 +46,48 @@ def _kind(magic: int) -> str:
     return f"an IDX file of magic number {magic}"
 
 
+#: the most data an IDX file may announce (MNIST's largest file holds 47 MB)
+MAX_IDX_BYTES = 4 << 30
+
+
 def _decompress(path: Path, raw: bytes) -> bytes:
+    """The IDX bytes in gzip ``raw``: its header is inflated first, and a file whose header
+    announces more than MAX_IDX_BYTES is refused before the rest is inflated; at most one
+    byte past the announced size is inflated (so that trailing bytes are still seen)."""
     if not raw.startswith(_GZIP_MAGIC):
         raise DataError(
             f"{path} is not a valid gzip file (it does not start with the gzip magic bytes)."
         )
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = b""
+
+    def upto(n: int) -> bool:
+        """Inflate until ``out`` holds ``n`` bytes or the stream ends; whether it holds them."""
+        nonlocal out
+        data = raw if not out and not inflate.unconsumed_tail else inflate.unconsumed_tail
+        while len(out) < n and data:
+            out += inflate.decompress(data, n - len(out))
+            data = inflate.unconsumed_tail
+        return len(out) >= n
+
+    want = 4
     try:
-        return gzip.decompress(raw)
-    except EOFError:
-        reason = "the compressed stream ends early"
-    except (OSError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
-        reason = str(err).strip().rstrip(".") or type(err).__name__
-    reason = " ".join(reason.split())  # keep the message on one line
-    raise DataError(f"{path} is not a valid gzip file ({reason}).")
+        if upto(4) and upto(want := 4 + 4 * out[3]):
+            size = _DTYPES[out[2]].itemsize if out[2] in _DTYPES else 1
+            for i in range(4, want, 4):
+                size *= int.from_bytes(out[i : i + 4], "big")
+            if size > MAX_IDX_BYTES:
+                raise DataError(
+                    f"{path} announces {size:.3g} bytes of data in its IDX header, more than "
+                    f"the {MAX_IDX_BYTES >> 30} GiB an IDX file may hold; it is damaged."
+                )
+            upto(want := want + size + 1)
+    except zlib.error as err:
+        reason = " ".join((str(err).strip().rstrip(".") or type(err).__name__).split())
+        raise DataError(f"{path} is not a valid gzip file ({reason}).") from None
+    if len(out) < want and not inflate.eof:
+        raise DataError(f"{path} is not a valid gzip file (the compressed stream ends early).")
+    return out
 
 
 def read_idx(path: Path, *, expected_magic: int | None = None) -> np.ndarray:
@@ -83,7 +111,7 @@ def read_idx(path: Path, *, expected_magic: int | None = None) -> np.ndarray:
         raise DataError(f"{path} could not be read ({reason}).") from None
 
     if path.suffix == ".gz" or raw.startswith(_GZIP_MAGIC):
-        raw = _decompress(path, raw)
+        raw = _decompress(path, raw)  # (a header announcing absurd sizes: refused first)
 
     if len(raw) < 4:
         raise DataError(

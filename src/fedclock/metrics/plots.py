@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,38 @@ def colour(i: int, n: int) -> Any:
     return f"C{i}" if n <= 10 else plt.get_cmap("tab20")(i % 20)
 
 
+def _read_csv(path: Path, what: str) -> list[dict[str, str]]:
+    """The rows of a CSV file as text; one sentence naming it if it is not a CSV table."""
+    from fedclock.errors import DataError
+
+    try:
+        with path.open(encoding="utf-8", newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except UnicodeDecodeError:
+        raise DataError(f"{path} is not {what}: it is not UTF-8 text.") from None
+    except csv.Error as exc:
+        raise DataError(f"{path} is not {what} ({str(exc)[:60]}).") from None
+    except OSError as exc:
+        reason = (exc.strerror or type(exc).__name__).lower()
+        raise DataError(f"{path} could not be read ({reason}).") from None
+    if any(None in r or None in r.values() for r in rows):
+        raise DataError(f"{path} is not {what}: its rows do not match its header.")
+    return rows
+
+
 def read_metrics(run_dir: Path) -> dict[str, np.ndarray]:
+    from fedclock.errors import DataError
+
     path = run_dir / "metrics.csv"
-    with path.open() as fh:
-        rows = list(csv.DictReader(fh))
+    rows = _read_csv(path, "a run's metrics table")
     if not rows:
         return {}
-    return {k: np.array([float(r[k]) for r in rows]) for k in rows[0]}
+    try:
+        return {k: np.array([float(r[k] or "nan") for r in rows]) for k in rows[0]}
+    except ValueError:
+        raise DataError(
+            f"{path} is not a run's metrics table: it holds values that are not numbers."
+        ) from None
 
 
 def step_interp(t: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -41,10 +67,18 @@ def step_interp(t: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
 
 
 def _save(fig: Any, out: Path) -> Path:
-    """Write ``fig`` to ``out`` (its folder made if needed) and free it."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    """Write ``fig`` to ``out`` (its folder made if needed; never over a file fedclock did
+    not make: :mod:`fedclock.outputs`) and free it."""
+    from fedclock.outputs import check_writable, png_metadata
+
+    try:
+        check_writable([out])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        fig.savefig(tmp, dpi=120, format="png", metadata=png_metadata())
+        tmp.replace(out)
+    finally:
+        plt.close(fig)
     return out
 
 
@@ -172,8 +206,7 @@ def plot_loss_panels(
 
 def read_table(out_dir: Path) -> list[dict[str, str]]:
     """The rows of ``OUT/table.csv`` (a comparison's or a sweep's table), as text."""
-    with (out_dir / "table.csv").open() as fh:
-        return list(csv.DictReader(fh))
+    return _read_csv(out_dir / "table.csv", "a comparison's or sweep's table")
 
 
 def plot_sweeps(

@@ -133,6 +133,37 @@ def source_digest() -> str:
     return "sha256:" + h.hexdigest()
 
 
+STATUSES = ("completed", "diverged", "interrupted")
+#: summary.json fields every reader relies on, and their types
+_SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "name": str, "strategy": str, "seed": int, "status": str,
+}  # fmt: skip
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """``run_dir/summary.json`` (None if there is none); one sentence if it is damaged."""
+    from fedclock.errors import DataError
+
+    path = run_dir / "summary.json"
+    if not (path.exists() or path.is_symlink()):
+        return None
+    try:
+        data = json.loads(path.read_bytes())
+    except OSError as exc:
+        reason = (exc.strerror or type(exc).__name__).lower()
+        raise DataError(f"{path} could not be read ({reason}).") from None
+    except ValueError:  # (UnicodeDecodeError is one)
+        raise DataError(f"{path} is damaged: it is not JSON.") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path} is damaged: it holds no JSON object.")
+    for key, kind in _SUMMARY_FIELDS.items():
+        if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
+            raise DataError(f"{path} is damaged: its field '{key}' is missing or of another type.")
+    if data["status"] not in STATUSES:
+        raise DataError(f"{path} is damaged: its status is not one of {', '.join(STATUSES)}.")
+    return data
+
+
 class RunRecorder:
     """Writes a run folder. ``resume_rows``: continue the run folder's metrics.csv after its
     first ``resume_rows`` rows (those a checkpoint covers; later ones are dropped, the resumed
@@ -197,6 +228,8 @@ class RunRecorder:
             meta = json.loads(path.read_text())
         except (OSError, ValueError):
             meta = {}
+        if not isinstance(meta, dict) or not isinstance(meta.get("resumed", []), list):
+            meta = {}
         meta.setdefault("resumed", []).append(list(argv if argv is not None else sys.argv))
         path.write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -205,7 +238,10 @@ class RunRecorder:
         self._fh.flush()
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        (self.run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n")
+        path = self.run_dir / "summary.json"
+        tmp = path.with_name(".summary.json.tmp")
+        tmp.write_text(json.dumps(json_safe(summary), indent=2) + "\n")
+        tmp.replace(path)  # whole or absent: a kill never leaves half a summary
 
     def write_clients(self, columns: dict[str, Sequence[Any]]) -> None:
         """clients.csv: one row per client, one column per entry of ``columns``."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from fedclock.errors import ConfigError
+from fedclock.errors import ConfigError, short
 
 
 def _files() -> dict[str, Any]:
@@ -22,7 +22,7 @@ def preset_names() -> list[str]:
 def preset_text(name: str) -> str:
     files = _files()
     if name not in files:
-        raise ConfigError(f"Unknown preset '{name}'; available: {', '.join(sorted(files))}.")
+        raise ConfigError(f"Unknown preset '{short(name)}'; available: {', '.join(sorted(files))}.")
     return str(files[name].read_text())
 
 

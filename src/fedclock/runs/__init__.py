@@ -15,10 +15,10 @@ values of one config field × seeds; both end in one table.
   (``run_sweep``) run the grids; their plots live in :mod:`fedclock.metrics.plots`.
 """
 
+from fedclock.outputs import GRID_FILE
 from fedclock.runs.cache import reusable, run_cell, stale_reason
 from fedclock.runs.compare import run_compare
 from fedclock.runs.grid import (
-    GRID_FILE,
     cell_config,
     entry_dir,
     parse_over,

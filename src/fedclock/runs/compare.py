@@ -26,7 +26,13 @@ from fedclock.errors import ConfigError
 from fedclock.experiment import RunResult, reusing_data
 from fedclock.metrics.plots import LOSS_PANELS, plot_groups, plot_loss_panels, read_metrics
 from fedclock.runs.cache import reusable, run_cell, stale_reason
-from fedclock.runs.grid import _cells, cell_config, parse_strategy, remember_entries
+from fedclock.runs.grid import (
+    _cells,
+    cell_config,
+    check_grid_folder,
+    parse_strategy,
+    remember_entries,
+)
 from fedclock.runs.lr import selection_loss, write_lr_grid
 from fedclock.runs.parallel import Cell, CellFailure, CellRunner
 from fedclock.runs.tables import aggregate_rows, write_table
@@ -65,8 +71,11 @@ def run_compare(
         strategies = [lr_tune_on, *(e for e in strategies if e != lr_tune_on)]
     for entry in strategies:  # fail on a bad entry before any compute
         cell_config(cfg, entry, seeds[0])
-    remember_entries(out, strategies)  # now: if this command stops, its finished cells still merge
     lrs: list[float | None] = list(lr_grid) or [None]
+    check_grid_folder(
+        out, [d for e in strategies for lr in lrs for d, _ in _cells(cfg, out, e, lr, seeds)]
+    )
+    remember_entries(out, strategies)  # now: if this command stops, its finished cells still merge
     accept = ("completed", "diverged") if lr_grid else ("completed",)
     ran_cells: dict[Path, RunResult | CellFailure] = {}
     if runner is not None:  # every cell to run, in parallel, before the tables

@@ -11,16 +11,21 @@ A sweep's ``--over section.field=v1,v2,...`` names the field and its values
 
 from __future__ import annotations
 
-import json
-import os
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fedclock.config import ExperimentConfig, apply_overrides, cell_raw, validate
-from fedclock.errors import ConfigError
+from fedclock.config import ExperimentConfig, apply_overrides, cell_raw, load_yaml, validate
+from fedclock.errors import ConfigError, short
+from fedclock.outputs import (
+    check_run_folder,
+    check_writable,
+    read_grid_json,
+    write_grid_json,
+)
 
 
 def parse_strategy(entry: str) -> tuple[str, dict[str, Any]]:
@@ -31,23 +36,36 @@ def parse_strategy(entry: str) -> tuple[str, dict[str, Any]]:
         key, eq, text = part.partition("=")
         if not eq or not key.strip():
             raise ConfigError(
-                f"Strategy entry '{entry}' must look like name:field=value[:field=value]."
+                f"Strategy entry '{short(entry)}' must look like name:field=value[:field=value]."
             )
         try:
-            overrides[key.strip()] = yaml.safe_load(text)
+            overrides[key.strip()] = load_yaml(text)
         except yaml.YAMLError:
             raise ConfigError(
-                f"Strategy entry '{entry}' has a value that is not valid YAML."
+                f"Strategy entry '{short(entry)}' has a value that is not valid YAML."
             ) from None
     return name.strip(), overrides
 
 
+def _folder_name(text: str) -> str:
+    """``text`` as one folder name inside the grid's folder: no separators, not ``.``/``..``,
+    a long one cut and told apart by a digest."""
+    name = "".join("_" if c in "/\\\0" or not c.isprintable() else c for c in text)
+    if name in ("", ".", ".."):
+        name = name.replace(".", "_") or "_"
+    if len(name) > 100:
+        name = f"{name[:80]}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    return name
+
+
 def entry_dir(entry: str) -> str:
     """A folder name for a strategy entry (``fedfix:delta_t=0.2`` → ``fedfix-delta_t=0.2``)."""
-    return entry.replace(":", "-").replace("/", "_")
+    return _folder_name(entry.replace(":", "-"))
 
 
-GRID_FILE = "grid.json"
+def value_dir(path: str, value: Any) -> str:
+    """A sweep's folder for one value of the swept field (``t_max=2.0``)."""
+    return _folder_name(f"{path}={value}")
 
 
 def remember_entries(out: Path, entries: Sequence[str]) -> list[str]:
@@ -57,11 +75,8 @@ def remember_entries(out: Path, entries: Sequence[str]) -> list[str]:
     are all finished for the current config and seeds, so running the strategies in two
     commands (or two processes) gives one table. Entries that no longer parse are dropped.
     """
-    path = out / GRID_FILE
-    try:
-        known = [str(e) for e in json.loads(path.read_text())["entries"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        known = []
+    grid = read_grid_json(out) or {"entries": []}  # (ConfigError: a grid.json not fedclock's)
+    known = [str(e) for e in grid["entries"]]
     earlier = []
     for e in known:
         if e in entries:
@@ -72,11 +87,21 @@ def remember_entries(out: Path, entries: Sequence[str]) -> list[str]:
             continue
         earlier.append(e)
     out.mkdir(parents=True, exist_ok=True)
-    merged = [*known, *(e for e in entries if e not in known)]
-    tmp = path.with_name(f".{GRID_FILE}.{os.getpid()}")
-    tmp.write_text(json.dumps({"entries": merged}, indent=1) + "\n")
-    tmp.replace(path)  # atomic: a process running beside this one never reads half a file
+    grid["entries"] = [*known, *(e for e in entries if e not in known)]
+    write_grid_json(out, grid)  # atomic: a process beside this one never reads half a file
     return earlier
+
+
+def check_grid_folder(out: Path, run_dirs: Sequence[Path]) -> None:
+    """Before any compute: ``out`` may take a comparison's or sweep's files (none there that
+    fedclock did not make) and each cell's run folder is new, empty or a fedclock run."""
+    from fedclock.runs.tables import GRID_OUTPUTS
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder for the comparison or sweep.")
+    check_writable(out / name for name in GRID_OUTPUTS)
+    for run_dir in run_dirs:
+        check_run_folder(run_dir)
 
 
 def cell_config(
@@ -119,11 +144,11 @@ def parse_over(text: str) -> tuple[str, list[Any]]:
     """``"population.straggler_ratio=0.3,0.5"`` → ``("population.straggler_ratio", [0.3, 0.5])``."""
     path, eq, values = text.partition("=")
     if not eq or not path.strip() or not values.strip():
-        raise ConfigError(f"--over must look like section.field=v1,v2,..., got '{text}'.")
+        raise ConfigError(f"--over must look like section.field=v1,v2,..., got '{short(text)}'.")
     try:
-        vals = [yaml.safe_load(v) for v in values.split(",")]
+        vals = [load_yaml(v) for v in values.split(",")]
     except yaml.YAMLError:
-        raise ConfigError(f"--over '{text}' has a value that is not valid YAML.") from None
+        raise ConfigError(f"--over '{short(text)}' has a value that is not valid YAML.") from None
     return path.strip(), vals
 
 

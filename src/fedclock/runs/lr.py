@@ -14,6 +14,7 @@ al. tune η_l on *Identical* and run *Time-based* at the same rate). Every
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,17 +44,17 @@ def write_lr_grid(rows: Sequence[dict[str, Any]], out: Path, title: str) -> None
     """lr_grid.csv (every entry × learning rate) and lr_grid.png (selection loss vs lr)."""
     import matplotlib.pyplot as plt
 
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / "lr_grid.csv").open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        for r in rows:
-            w.writerow(
-                {
-                    k: ("" if isinstance(v, float) and not math.isfinite(v) else v)
-                    for k, v in r.items()
-                }
-            )
+    from fedclock.metrics.plots import _save
+    from fedclock.outputs import write_output
+
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=list(rows[0]))
+    w.writeheader()
+    for r in rows:
+        w.writerow(
+            {k: ("" if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
+        )
+    write_output(out / "lr_grid.csv", text.getvalue().encode())
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     labels: dict[str, list[tuple[float, float]]] = {}
     skip = {"lr", "selected_by", "selection_loss", "selected", "status", "n_seeds"}
@@ -75,5 +76,4 @@ def write_lr_grid(rows: Sequence[dict[str, Any]], out: Path, title: str) -> None
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "lr_grid.png", dpi=120)
-    plt.close(fig)
+    _save(fig, out / "lr_grid.png")

@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from fedclock.config import ExperimentConfig
-from fedclock.errors import ConfigError, FedclockError
+from fedclock.errors import ConfigError, FedclockError, short
 from fedclock.experiment import RunResult
 
 BACKENDS = ("local", "ray")
+MAX_JOBS = 4096  # --jobs and --batch-runs
 
 
 @dataclass(frozen=True)
@@ -127,13 +128,15 @@ class CellRunner:
         batch_runs: int = 1,
     ) -> None:
         if backend not in BACKENDS:
-            raise ConfigError(f"Unknown backend '{backend}'; allowed: {', '.join(BACKENDS)}.")
-        if jobs is not None and jobs < 1:
-            raise ConfigError("--jobs must be at least 1.")
+            raise ConfigError(
+                f"Unknown backend '{short(backend)}'; allowed: {', '.join(BACKENDS)}."
+            )
+        if jobs is not None and not 1 <= jobs <= MAX_JOBS:
+            raise ConfigError(f"--jobs must be from 1 to {MAX_JOBS}.")
         if address is not None and backend != "ray":
             raise ConfigError("--address names a Ray cluster: give it with --backend ray.")
-        if batch_runs < 1:
-            raise ConfigError("--batch-runs must be at least 1.")
+        if not 1 <= batch_runs <= MAX_JOBS:
+            raise ConfigError(f"--batch-runs must be from 1 to {MAX_JOBS}.")
         self.backend, self.jobs, self.address, self.on_event = backend, jobs, address, on_event
         self.batch_runs = batch_runs
 

@@ -22,10 +22,12 @@ from fedclock.experiment import RunResult, reusing_data
 from fedclock.runs.cache import reusable, run_cell, stale_reason
 from fedclock.runs.grid import (
     cell_config,
+    check_grid_folder,
     entry_dir,
     parse_strategy,
     reads,
     remember_entries,
+    value_dir,
     with_value,
 )
 from fedclock.runs.parallel import Cell, CellFailure, CellRunner
@@ -56,15 +58,17 @@ def run_sweep(
     cells = {v: with_value(cfg, path, v) for v in values}  # fail on a bad path/value early
     for entry in strategies:
         cell_config(cells[values[0]], entry, seeds[0])
-    remember_entries(out, strategies)  # now: if this command stops, its finished cells still merge
 
     def locate(entry: str, v: Any, seed: int) -> tuple[Path, ExperimentConfig, Any]:
         # a strategy that does not read the swept field runs at the first value only; the
         # other values' rows repeat its results (their run folders are not written)
         first = cell_config(cells[values[0]], entry, seed)
         at = v if reads(first, parse_strategy(entry)[0], path) else values[0]
-        run_dir = out / "runs" / entry_dir(entry) / f"{path}={at}" / f"seed-{seed}"
+        run_dir = out / "runs" / entry_dir(entry) / value_dir(path, at) / f"seed-{seed}"
         return run_dir, cell_config(cells[at], entry, seed), at
+
+    check_grid_folder(out, [locate(e, v, s)[0] for e in strategies for v in values for s in seeds])
+    remember_entries(out, strategies)  # now: if this command stops, its finished cells still merge
 
     ran_cells: dict[Path, RunResult | CellFailure] = {}
     if runner is not None:  # every cell to run, in parallel, before the table

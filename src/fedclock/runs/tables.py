@@ -1,17 +1,25 @@
 """Tables of a comparison or sweep: one row per strategy entry (and swept value), the
 identifying columns first, then ``<metric>_mean``/``_std`` over seeds and ``n_seeds``
 (``table.csv``, ``table.md``); a sweep adds ``pivot.md``, its headline metric as a
-strategy × value grid (SALF's Table II layout), and ``sweep.png``."""
+strategy × value grid (SALF's Table II layout), and ``sweep.png``. Each is written only
+over a file fedclock made (:mod:`fedclock.outputs`)."""
 
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+#: every file a comparison or sweep writes into its folder (besides runs/)
+GRID_OUTPUTS = (
+    "grid.json", "table.csv", "table.md", "pivot.md", "accuracy.png", "losses.png",
+    "sweep.png", "lr_grid.csv", "lr_grid.png",
+)  # fmt: skip
 
 # summary.json fields that identify a run rather than measure it
 _NOT_METRICS = {"seed", "num_clients", "target_accuracy"}
@@ -44,15 +52,15 @@ def aggregate_rows(summaries: Sequence[dict[str, Any]], keys: dict[str, Any]) ->
 
 def write_table(rows: Sequence[dict[str, Any]], out: Path, *, id_cols: Sequence[str]) -> None:
     """table.csv (every column) and table.md (headline metrics as mean ± std)."""
-    out.mkdir(parents=True, exist_ok=True)
+    from fedclock.outputs import write_output
+
     cols = list(dict.fromkeys(k for r in rows for k in r))  # rows merged from earlier commands
-    with (out / "table.csv").open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols, restval="")
-        w.writeheader()
-        for r in rows:
-            w.writerow(
-                {k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-            )
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=cols, restval="")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
+    write_output(out / "table.csv", text.getvalue().encode())
     headline = [
         ("cis_accuracy", "CIS acc", 3),
         ("final_test_accuracy", "final acc", 3),
@@ -81,12 +89,13 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path, *, id_cols: Sequence[
             cells.append("—" if math.isnan(m) else f"{m:.{digits}g} ± {s:.2g}")
         cells.append(str(r["n_seeds"]))
         lines.append("| " + " | ".join(cells) + " |")
-    (out / "table.md").write_text("\n".join(lines) + "\n")
+    write_output(out / "table.md", ("\n".join(lines) + "\n").encode())
 
 
 def write_pivot(rows: Sequence[dict[str, Any]], out: Path, path: str, values: list[Any]) -> None:
     """pivot.md (strategy × value, mean ± std of the headline metric) and sweep.png."""
     from fedclock.metrics.plots import plot_sweeps
+    from fedclock.outputs import write_output
 
     metric = headline_metric(rows)
     strategies = list(dict.fromkeys(r["strategy"] for r in rows))
@@ -106,7 +115,7 @@ def write_pivot(rows: Sequence[dict[str, Any]], out: Path, path: str, values: li
             n = r["n_seeds"] if r else 0
             cells.append("—" if m != m else (f"{m:.3f}" if n == 1 else f"{m:.3f} ± {sd:.3f}"))
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    (out / "pivot.md").write_text("\n".join(lines) + "\n")
+    write_output(out / "pivot.md", ("\n".join(lines) + "\n").encode())
     plot_sweeps({out.name: rows}, out / "sweep.png", metric=metric)
 
 

@@ -5,7 +5,9 @@ their base model versions, results computed ahead, counters, the evaluations so 
 strategy's parts (rounds, buffers, update counts, random streams, server optimizer state),
 the executor's per-client momentum and the evaluator's best-validation record — is turned
 into dicts, lists, tuples, numbers, strings and tensors only, so the file loads with
-``torch.load(weights_only=True)``: nothing in it can run code.
+``torch.load(weights_only=True)``: nothing in it can run code. The file is one header line
+(``fedclock-checkpoint <format> sha256:<digest>``) and then the ``torch.save`` bytes, whose
+SHA-256 is checked before anything is loaded: a changed bit anywhere is refused.
 
 Which attributes are state is declared, not guessed: a class whose instances hold run state
 lists them in ``checkpoint_fields`` (or defines ``checkpoint_state`` / ``restore_state``), and
@@ -21,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import hashlib
+import io
 import json
 import math
 import os
@@ -40,8 +44,10 @@ from fedclock.errors import CheckpointError
 from fedclock.models.shapes import FULL, Exit, Fragment, Full, Suffix, Width
 from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
 
-FORMAT = 1
+FORMAT = 2
 CHECKPOINT_FILE = "checkpoint.pt"
+#: the first line of a checkpoint: this, the format, then ``sha256:<hex digest of the rest>``
+MAGIC = b"fedclock-checkpoint"
 
 
 # value types stored field by field (frozen dataclasses and named tuples of plain data)
@@ -276,19 +282,29 @@ def restore(root: object, data: dict[str, Any]) -> None:
             comp.restore_state(dec(custom))  # type: ignore[attr-defined]
 
 
+def encode(payload: dict[str, Any]) -> bytes:
+    """The bytes of a checkpoint file: the header line with the digest, then the payload."""
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    body = buf.getvalue()
+    digest = hashlib.sha256(body).hexdigest()
+    return b"%s %d sha256:%s\n" % (MAGIC, FORMAT, digest.encode()) + body
+
+
 def write_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """``torch.save`` to a temporary file in the same folder, fsync, rename over ``path``."""
+    """The checkpoint (:func:`encode`) to a temporary file in the same folder, fsync, rename
+    over ``path``."""
     try:
         fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=path.parent)
     except OSError as exc:
         raise CheckpointError(f"Could not write the checkpoint {path}: {_reason(exc)}.") from None
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save(payload, fh)
+            fh.write(encode(payload))
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as exc:  # (torch's writer reports a failed write so)
+    except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise CheckpointError(f"Could not write the checkpoint {path}: {_reason(exc)}.") from None
     except BaseException:
@@ -312,13 +328,38 @@ def _reason(exc: BaseException) -> str:
 
 
 def read(path: Path, map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``; one sentence if it is not one."""
+    """Check a checkpoint's digest, then load it with ``weights_only=True``; one sentence if
+    it is damaged or not a checkpoint."""
+    start_over = "run it again without --resume to start over"
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # a truncated file, a pickle with code, not a torch file
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(
+            f"Could not read the checkpoint {path}: {_reason(exc)}; {start_over}."
+        ) from None
+    head, newline, body = data.partition(b"\n")
+    parts = head.split(b" ")
+    if not newline or len(parts) != 3 or parts[0] != MAGIC or not parts[2].startswith(b"sha256:"):
+        raise CheckpointError(
+            f"{path} is not a fedclock checkpoint of format {FORMAT} (it is damaged or was "
+            f"made by another version); {start_over}."
+        )
+    if parts[1] != str(FORMAT).encode():
+        raise CheckpointError(
+            f"{path} is a checkpoint of another format than {FORMAT} (made by another fedclock "
+            f"version); {start_over}."
+        )
+    if hashlib.sha256(body).hexdigest().encode() != parts[2][len(b"sha256:") :]:
+        raise CheckpointError(
+            f"The checkpoint {path} is damaged (its contents do not match the digest written "
+            f"with it); {start_over}."
+        )
+    try:
+        payload = torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
+    except Exception as exc:  # a pickle with code, not a torch file (with a matching digest)
         raise CheckpointError(
             f"Could not read the checkpoint {path}: it is damaged or not a fedclock checkpoint "
-            f"({type(exc).__name__})."
+            f"({type(exc).__name__}); {start_over}."
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a fedclock checkpoint of format {FORMAT}.")

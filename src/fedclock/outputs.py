@@ -1,0 +1,194 @@
+"""Files fedclock writes beside the user's: it never writes over a file it did not make.
+
+- A plot (``.png``) carries ``Software: fedclock …`` in its PNG metadata, so a PNG is
+  fedclock's wherever it lies.
+- A table of a comparison or sweep (``table.csv``, ``table.md``, ``pivot.md``,
+  ``lr_grid.csv``) is fedclock's when its SHA-256 is among those that ``grid.json`` in the
+  same folder records for that name: it is recorded before the file is written, so a file
+  edited by hand since (or put there by someone else) is not overwritten. Folders made
+  before the record existed (a ``grid.json`` without ``files``) count a table whose first
+  line is the one fedclock writes, and a matplotlib PNG.
+- ``grid.json`` is fedclock's when it holds an ``entries`` list.
+- A run folder is fedclock's when it holds only a run's files, its ``meta.json`` written by
+  fedclock (see :func:`check_run_folder`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from fedclock.errors import ConfigError
+
+GRID_FILE = "grid.json"
+RUN_FILES = frozenset(
+    {"config.yaml", "meta.json", "metrics.csv", "summary.json", "clients.csv", "checkpoint.pt"}
+)
+_PNG = b"\x89PNG\r\n\x1a\n"
+#: the first line of each table as fedclock writes it (folders from before the record)
+_FIRST_LINES = {
+    "table.csv": ("strategy,",),
+    "lr_grid.csv": ("strategy,",),
+    "table.md": ("| strategy |",),
+    "pivot.md": ("",),  # "<metric> (mean ± std over seeds)", checked below
+}
+_KEEP = 50  # digests kept per file name (two commands writing one folder at once)
+
+
+def png_metadata() -> dict[str, str]:
+    """The PNG metadata of every plot fedclock writes."""
+    from fedclock import __version__
+
+    return {"Software": f"fedclock {__version__}"}
+
+
+def _is_our_png(path: Path) -> bool:
+    with path.open("rb") as fh:
+        head = fh.read(1 << 16)
+    if not head.startswith(_PNG):
+        return False
+    if b"tEXtSoftware\x00fedclock" in head:
+        return True
+    # a plot of a grid folder from before the tag: matplotlib's, in a folder without the record
+    try:
+        grid = read_grid_json(path.parent)
+    except ConfigError:
+        return False
+    return grid is not None and "files" not in grid and b"tEXtSoftware\x00Matplotlib" in head
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_grid_json(folder: Path) -> dict[str, Any] | None:
+    """``folder/grid.json`` if it is fedclock's (None: absent); ConfigError if it is not."""
+    path = folder / GRID_FILE
+    if not os.path.lexists(path):
+        return None
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        data = None
+    if not (isinstance(data, dict) and isinstance(data.get("entries"), list)):
+        raise _foreign(path)
+    return data
+
+
+def write_grid_json(folder: Path, data: dict[str, Any]) -> None:
+    """``folder/grid.json``, atomically (a process beside this one never reads half a file)."""
+    path = folder / GRID_FILE
+    tmp = path.with_name(f".{GRID_FILE}.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def _first_line_is_ours(path: Path) -> bool:
+    try:
+        first = path.read_bytes()[:4096].decode("utf-8").split("\n", 1)[0]
+    except (OSError, UnicodeDecodeError):
+        return False
+    if path.name == "pivot.md":
+        return first.endswith("(mean ± std over seeds)")
+    return first.startswith(_FIRST_LINES.get(path.name, ("\0",)))
+
+
+def made_by_fedclock(path: Path) -> bool:
+    """Whether fedclock may write ``path``: nothing is there, or a file it made, unchanged."""
+    if not os.path.lexists(path):
+        return True
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        if path.suffix == ".png":
+            return _is_our_png(path)
+        if path.name == GRID_FILE:
+            read_grid_json(path.parent)
+            return True
+        grid = read_grid_json(path.parent)
+    except (OSError, ConfigError):
+        return False
+    if grid is None:
+        return False
+    if "files" not in grid:  # a folder from before the record
+        return _first_line_is_ours(path)
+    try:
+        return _digest(path.read_bytes()) in grid["files"].get(path.name, ())
+    except (OSError, AttributeError, TypeError):
+        return False
+
+
+def _foreign(path: Path) -> ConfigError:
+    what = "a folder" if path.is_dir() else "a file fedclock did not make (or one changed since)"
+    return ConfigError(
+        f"{path} is {what}; fedclock never writes over files it did not make, so move it "
+        "away or give another --out."
+    )
+
+
+def check_writable(paths: Iterable[Path]) -> None:
+    """ConfigError naming the first of ``paths`` that fedclock may not write."""
+    for path in paths:
+        if path.parent.exists() and not path.parent.is_dir():
+            raise ConfigError(f"{path.parent} is a file; give a folder for the output.")
+        if not made_by_fedclock(path):
+            raise _foreign(path)
+
+
+def write_output(path: Path, data: bytes) -> None:
+    """Write a table of a grid folder: checked, its digest recorded in ``grid.json``, then
+    written atomically."""
+    check_writable([path])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid = read_grid_json(path.parent) or {"entries": []}
+    files = grid.get("files")
+    if not isinstance(files, dict):
+        files = grid["files"] = {}
+    known = [d for d in files.get(path.name, []) if isinstance(d, str)]
+    files[path.name] = [*known, _digest(data)][-_KEEP:]
+    write_grid_json(path.parent, grid)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def is_temporary(name: str) -> bool:
+    """A temporary file fedclock writes before renaming it (left behind by a kill)."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds nothing but a fedclock run's files (and fedclock's plots)."""
+    names = [p for p in folder.iterdir() if not is_temporary(p.name)]
+    if not names:
+        return True
+    for p in names:
+        if p.name in RUN_FILES:
+            continue
+        if not (p.suffix == ".png" and made_by_fedclock(p)):
+            return False
+    meta = folder / "meta.json"
+    if not meta.is_file():  # killed between creating metrics.csv and writing meta.json
+        return {p.name for p in names} <= {"metrics.csv", "config.yaml"}
+    try:
+        data = json.loads(meta.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("versions"), dict)
+
+
+def check_run_folder(folder: Path) -> None:
+    """ConfigError unless ``folder`` is absent, empty or holds a fedclock run."""
+    if not os.path.lexists(folder):
+        return
+    if folder.is_symlink() or not folder.is_dir():
+        raise ConfigError(f"{folder} is a file; fedclock writes a run into a folder.")
+    if not is_run_folder(folder):
+        raise ConfigError(
+            f"Run folder {folder} holds files fedclock did not make; fedclock never writes "
+            "over them, so move them away or give another --out."
+        )

@@ -1,0 +1,218 @@
+"""No command writes over a file it did not make (fedclock.outputs), run folders stay inside
+output_dir, and damaged run folders given to plot and run --resume are one sentence each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fedclock.cli import app
+from fedclock.errors import ConfigError
+from fedclock.outputs import made_by_fedclock
+from fedclock.runs.grid import entry_dir, value_dir
+from tests.conftest import tiny_raw
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+
+def _cfg(tmp: Path, **sections: object) -> str:
+    path = tmp / "exp.yaml"
+    path.write_text(yaml.safe_dump(tiny_raw(budget={"aggregations": 1}, **sections)))
+    return str(path)
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _refused(res, *words: str) -> str:
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert "Traceback" not in res.output and all(w in lines[0] for w in words), lines[0]
+    return lines[0]
+
+
+def test_compare_and_sweep_write_only_over_their_own_files(tmp_path: Path) -> None:
+    """A comparison's table is rewritten by the next comparison into the same folder, but a
+    table.csv, table.md, plot or grid.json put there (or edited) by someone else is never
+    written over: the command stops before any compute, naming the file."""
+    cfg = _cfg(tmp_path)
+    out = tmp_path / "cmp"
+    argv = ["compare", cfg, "--strategies", "fedavg", "--seeds", "1", "--out", str(out), "-q"]
+    assert runner.invoke(app, argv).exit_code == 0
+    assert runner.invoke(app, argv).exit_code == 0  # its own files: rewritten
+    for name, content in [
+        ("table.csv", b"mine,1\n"),
+        ("table.md", b"# my notes\n"),
+        ("accuracy.png", b"\x89PNG\r\n\x1a\nnot fedclock's"),
+        ("grid.json", b'{"mine": 1}'),
+    ]:
+        own = (out / name).read_bytes()
+        (out / name).write_bytes(content)
+        before = _snapshot(tmp_path)
+        _refused(runner.invoke(app, argv), name, "did not make")
+        assert _snapshot(tmp_path) == before
+        (out / name).write_bytes(own)
+    # an edited table counts as the user's
+    (out / "table.csv").write_bytes((out / "table.csv").read_bytes() + b"# edited\n")
+    _refused(runner.invoke(app, argv), "table.csv")
+    # a foreign file in a cell's run folder
+    (out / "table.csv").unlink()
+    cell = out / "runs" / "fedavg" / "seed-1"
+    (cell / "metrics.csv").write_text("mine\n")
+    (cell / "notes.txt").write_text("mine\n")
+    before = _snapshot(tmp_path)
+    _refused(runner.invoke(app, argv), str(cell))
+    assert _snapshot(tmp_path) == before
+    # sweep: the same
+    sweep_out = tmp_path / "sw"
+    sweep_out.mkdir()
+    (sweep_out / "pivot.md").write_text("mine\n")
+    before = _snapshot(tmp_path)
+    sweep = ["sweep", cfg, "--over", "train.lr=0.1,0.2", "--strategies", "fedavg",
+             "--out", str(sweep_out), "-q"]  # fmt: skip
+    _refused(runner.invoke(app, sweep), "pivot.md")
+    assert _snapshot(tmp_path) == before
+    (sweep_out / "pivot.md").unlink()
+    assert runner.invoke(app, sweep).exit_code == 0
+    assert runner.invoke(app, sweep).exit_code == 0
+    assert made_by_fedclock(sweep_out / "pivot.md") and made_by_fedclock(sweep_out / "sweep.png")
+
+
+def test_a_folder_from_before_the_record_is_still_fedclocks(tmp_path: Path) -> None:
+    """grid.json without 'files' (written by fedclock 0.7 and earlier): tables whose first
+    line is fedclock's are rewritten, others are not."""
+    (tmp_path / "grid.json").write_text('{"entries": ["fedavg"]}')
+    (tmp_path / "table.csv").write_text("strategy,final_test_accuracy_mean,n_seeds\n")
+    (tmp_path / "table.md").write_text("my notes\n")
+    assert made_by_fedclock(tmp_path / "table.csv")
+    assert not made_by_fedclock(tmp_path / "table.md")
+    assert made_by_fedclock(tmp_path / "pivot.md")  # not there
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure()
+    fig.savefig(tmp_path / "accuracy.png")  # matplotlib's own tag
+    plt.close(fig)
+    assert made_by_fedclock(tmp_path / "accuracy.png")
+    (tmp_path / "grid.json").write_text('{"entries": [], "files": {}}')
+    assert not made_by_fedclock(tmp_path / "accuracy.png")
+
+
+def test_plot_writes_only_over_its_own_plots(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert runner.invoke(app, ["run", _cfg(tmp_path), "--out", str(run), "-q"]).exit_code == 0
+    assert runner.invoke(app, ["plot", str(run)]).exit_code == 0
+    assert runner.invoke(app, ["plot", str(run)]).exit_code == 0  # its own plot: rewritten
+    for target, content in [(run / "accuracy.png", b"mine"), (tmp_path / "mine.png", b"mine")]:
+        target.write_bytes(content)
+        before = _snapshot(tmp_path)
+        argv = ["plot", str(run)] + ([] if target.parent == run else ["--out", str(target)])
+        _refused(runner.invoke(app, argv), target.name)
+        assert _snapshot(tmp_path) == before
+    (tmp_path / "adir.png").mkdir()
+    _refused(runner.invoke(app, ["plot", str(run), "--out", str(tmp_path / "adir.png")]))
+    _refused(runner.invoke(app, ["plot", str(run), "--out", str(tmp_path / "x.txt")]), ".png")
+
+
+@pytest.mark.parametrize("name", ["../../x", "..", "a/b", "/abs", "x\\y", "a\0b", "", "x" * 300])
+def test_a_run_name_cannot_leave_output_dir(tmp_path: Path, name: str) -> None:
+    raw = tiny_raw(name=name)
+    (tmp_path / "exp.yaml").write_text(json.dumps(raw))
+    before = _snapshot(tmp_path.parent)
+    _refused(runner.invoke(app, ["run", str(tmp_path / "exp.yaml")]), "name")
+    assert _snapshot(tmp_path.parent) == before
+
+
+def test_grid_folder_names_stay_inside_the_grid() -> None:
+    for text in ["../../x", "..", "a/b", "/abs", "x\\y", "x" * 300]:
+        for name in (entry_dir(text), value_dir("data.data_dir", text)):
+            assert "/" not in name and "\\" not in name and name not in (".", "..")
+            assert len(name) <= 100
+    assert entry_dir("fedfix:delta_t=0.2") == "fedfix-delta_t=0.2"
+    assert value_dir("strategy.t_max", 2.0) == "strategy.t_max=2.0"
+
+
+def _finished_run(tmp: Path) -> Path:
+    run = tmp / "run"
+    assert runner.invoke(app, ["run", _cfg(tmp), "--out", str(run), "-q"]).exit_code == 0
+    return run
+
+
+@pytest.mark.parametrize(
+    ("damage", "command"),
+    [
+        ("summary not JSON", "plot"),
+        ("summary not JSON", "resume"),
+        ("summary binary", "resume"),
+        ("summary a list", "plot"),
+        ("summary missing fields", "plot"),
+        ("summary missing fields", "resume"),
+        ("summary unreadable", "resume"),
+        ("summary a folder", "plot"),
+        ("metrics binary", "plot"),
+        ("metrics ragged", "plot"),
+        ("metrics not numbers", "plot"),
+        ("metrics without virtual_time", "plot"),
+        ("until nan", "plot"),
+        ("until inf", "plot"),
+        ("y-min inf", "plot"),
+        ("y-min nan", "plot"),
+    ],
+)
+def test_damaged_run_folders_are_one_sentence(tmp_path: Path, damage: str, command: str) -> None:
+    import os
+
+    run = _finished_run(tmp_path)
+    extra: list[str] = []
+    summary, metrics = run / "summary.json", run / "metrics.csv"
+    if damage == "summary not JSON":
+        summary.write_text("{not json")
+    elif damage == "summary binary":
+        summary.write_bytes(b"\xff\xfe\x00\x01" * 10)
+    elif damage == "summary a list":
+        summary.write_text("[1, 2]")
+    elif damage == "summary missing fields":
+        summary.write_text('{"status": "completed"}')
+    elif damage == "summary unreadable":
+        if os.geteuid() == 0:
+            pytest.skip("root reads every file")
+        summary.chmod(0)
+    elif damage == "summary a folder":
+        summary.unlink()
+        summary.mkdir()
+    elif damage == "metrics binary":
+        metrics.write_bytes(bytes(range(256)) * 4)
+    elif damage == "metrics ragged":
+        metrics.write_text(metrics.read_text() + "1,2\n")
+    elif damage == "metrics not numbers":
+        text = metrics.read_text().splitlines()
+        metrics.write_text("\n".join([text[0], ",".join("x" * len(text[0].split(",")))]) + "\n")
+    elif damage == "metrics without virtual_time":
+        metrics.write_text("test_accuracy\n0.5\n")
+    else:
+        flag, value = damage.split()
+        extra = [f"--{flag}", value]
+    argv = ["plot", str(run), *extra] if command == "plot" else ["run", "--resume", str(run)]
+    before = _snapshot(tmp_path) if damage != "summary unreadable" else {}
+    res = runner.invoke(app, argv)
+    summary.chmod(0o644) if summary.is_file() else None
+    _refused(res)
+    if before:
+        assert _snapshot(tmp_path) == before
+
+
+def test_check_writable_names_the_file(tmp_path: Path) -> None:
+    from fedclock.outputs import check_writable
+
+    (tmp_path / "table.csv").write_text("mine")
+    with pytest.raises(ConfigError, match=r"table\.csv"):
+        check_writable([tmp_path / "table.csv"])
