@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import platform
 import threading
 from pathlib import Path
@@ -236,8 +237,9 @@ def test_auto_batch_runs_and_groups() -> None:
 
 def test_batched_groups_run_one_per_core_by_default() -> None:
     assert batch_workers(51, 8, None, "local", 2) == 2  # 7 groups, 2 at a time
-    assert batch_workers(4, 8, None, "local", 2) == 1  # one group: in this process
-    assert batch_workers(17, 8, None, "local", 16) == 3  # no more workers than groups
+    assert batch_workers(4, 8, None, "local", 2) == 2  # 2 groups of 2: both cores busy
+    assert batch_workers(1, 8, None, "local", 2) == 1  # one cell: in this process
+    assert batch_workers(17, 8, None, "local", 16) == 16  # no more workers than cells
     assert batch_workers(51, 8, 1, "local", 2) == 1  # --jobs 1: one group after another
     assert batch_workers(51, 8, 3, "local", 2) == 3
     assert batch_workers(51, 8, None, "ray", 4) == 4
@@ -253,8 +255,9 @@ def test_cli_compare_batched_and_alone_write_the_same_table(tmp_path: Path) -> N
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, [*args, "--out", str(tmp_path / "b")])  # MLP: batched by default
     assert res.exit_code == 0, res.output
-    # 4 cells are one group (every worker gets a group): the bar gives its actual size
-    assert "cells (4 in lockstep, a group per core)" in res.output
+    # 4 cells in a group per core (2 groups of 2 on 2 cores): the bar gives their size
+    size = -(-4 // min(4, os.cpu_count() or 1))
+    assert f"cells ({size} in lockstep, a group per core)" in res.output
     assert "done 4" in res.output
     for run in ("fedavg/seed-1", "fedavg/seed-2", "drop-stragglers/seed-1"):
         _assert_same_run(tmp_path / "a" / "runs" / run, tmp_path / "b" / "runs" / run)

@@ -92,12 +92,13 @@ def run_cell_group(
 
 def batch_workers(cells: int, batch_runs: int, jobs: int | None, backend: str, cpus: int) -> int:
     """How many lockstep groups run at once: ``jobs`` if given; on Ray all CPUs; locally, a
-    group of up to ``batch_runs`` cells per core, no more workers than groups (1: the groups
-    run one after another in this process)."""
+    group per core, no more workers than cells (1: the groups run one after another in this
+    process). A group's Python work runs one thread at a time, so a core left without a
+    group idles: 4 cells on 2 cores are 2 groups of 2, not one of 4."""
     if jobs is not None:
         return jobs
     if backend == "local":
-        return max(1, min(cpus, -(-cells // batch_runs)))
+        return max(1, min(cpus, cells))
     return cpus
 
 
