@@ -7,8 +7,8 @@ client's mean cross-entropy (or of its weighted sum, padded rows weighing 0) and
 with one batched matrix product per layer and direction (``baddbmm`` / ``bmm``) and no
 autograd graph, functional call or pytree. On the small sub-networks of model fragments
 (Fed-RAA: a tenth of a 784-200-10 MLP) vmap's fixed cost per step is larger than the
-arithmetic, so this is 2–3× faster per step (``benchmarks/fragments.py``); the values are
-the same to float rounding (``tests/test_fragments.py``).
+arithmetic (``benchmarks/fedraa_fragments.py``); the values are the same to float rounding
+(``tests/test_mlp_grad.py``).
 
 Backward of y = a·Wᵀ + b, a' = ReLU(y), for a batch (rows) and one client:
 ∂L/∂W = (∂L/∂y)ᵀ·a, ∂L/∂b = Σ_rows ∂L/∂y, ∂L/∂a = (∂L/∂y)·W, ∂L/∂y = ∂L/∂a' ⊙ [y > 0];
