@@ -152,6 +152,103 @@ def test_aggregation_equals_fedclocks_reference_mode(epsilon: float, exits: dict
         torch.testing.assert_close(theirs.params[names[k]], ours[k], rtol=1e-12, atol=1e-12)
 
 
+# ----------------------------------------------------------------------------- paper mode
+def test_paper_p_and_coefficients_hand_computed() -> None:
+    """The paper's p (ε per lower exit) and line 8's Λ̃_e·|S_i|/|S_{e,p}|/p_{i,e}: ε = 0.2,
+    Λ̃ = (0.5, 0.3, 0.2), equal split. The root training exit 1 (p 0.2, S_{1,p} = 60k):
+    0.5·20k/60k/0.2; a mid node its own exit 2 (p 0.8, S_{2,p} = mid + root = 40k):
+    0.3·10k/40k/0.8; a leaf exit 1 (p 1): 0.5·5k/60k."""
+    m = _module()
+    assert [m.p_paper(3, e, 0.2) for e in (1, 2, 3)] == pytest.approx([0.2, 0.2, 0.6])
+    assert [m.p_paper(2, e, 0.2) for e in (1, 2, 3)] == pytest.approx([0.2, 0.8, 0.0])
+    assert m.p_paper(1, 1, 0.2) == 1.0
+    coef = m.paper_coefficients({0: 1, 1: 2, 3: 1}, m.split_sizes(60_000, "equal"),
+                                [0.5, 0.3, 0.2], 0.2)  # fmt: skip
+    assert coef == pytest.approx(
+        {0: 0.5 * 20_000 / 60_000 / 0.2, 1: 0.3 * 10_000 / 40_000 / 0.8, 3: 0.5 * 5_000 / 60_000}
+    )
+    w, d, _ = _tree_round(m, {0: 1, 1: 2, 3: 1})
+    full = {i: {k: w[k] + d[i][k] for k in w} for i in d}
+    out = m.paper_aggregate(w, full, {0: 1, 1: 2, 3: 1}, coef, server_lr=0.5)
+    for k in w:
+        want = w[k].clone()
+        if k.startswith(("stem.", "head1.")):
+            want += 0.5 * (coef[0] * d[0][k] + coef[3] * d[3][k])
+        if k.startswith(("stem.", "block1.", "head2.")):
+            want += 0.5 * coef[1] * d[1][k]
+        torch.testing.assert_close(out[k], want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "exits"),
+    [(0.0, dict(enumerate((3, 2, 2, 1, 1, 1, 1)))),
+     (0.2, {0: 1, 1: 1, 2: 2, 3: 1, 4: 1, 5: 1, 6: 1}),
+     (0.3, {0: 2, 1: 2, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1})],
+)  # fmt: skip
+def test_paper_aggregation_equals_fedclocks_paper_mode(epsilon: float, exits: dict) -> None:
+    """A hand-set round (every node, exits as given) through the script's line 8 and through
+    fedclock's ``CisAggregator`` in paper mode (p_rule paper, serving 80-15-5, η_s 0.7, the
+    tensors renamed by position): the same new model, tensor for tensor — heads included,
+    which paper mode aggregates like every other tensor."""
+    from fedclock.devices.topology import TREES
+    from fedclock.models.early_exit import ee_cnn
+    from fedclock.models.shapes import Exit
+    from fedclock.sim.types import ModelVersion
+    from fedclock.strategies.cis import CisAggregator, lambda_tilde, p_matrix
+
+    m = _module()
+    w, d, _ = _tree_round(m, exits)
+    names = dict(zip(w, ee_cnn((1, 28, 28), 10, [2, 3, 4]).state_dict(), strict=True))
+    sizes = m.split_sizes(60_000, "highly-biased")
+    lam = m.lambda_tilde("serving", [80, 15, 5])
+    full = {i: {k: w[k] + d[i][k] for k in w} for i in exits}
+    ours = m.paper_aggregate(w, full, exits, m.paper_coefficients(exits, sizes, lam, epsilon),
+                             server_lr=0.7)  # fmt: skip
+
+    class Contribution:  # the fields CisAggregator reads
+        def __init__(self, i: int, e: int) -> None:
+            self.client, self.weight, self.buffers = i, None, {}
+            self.task = SimpleNamespace(plan=SimpleNamespace(shape=Exit(e, m.EXIT[i])))
+            self.delta = {names[k]: v for k, v in d[i].items()}
+            trained = (*m.ENTRIES[:e], m.HEADS[e - 1])
+            self.coverage = {names[k]: k.startswith(trained) for k in w}
+
+        def covers(self, name: str) -> bool:
+            return self.coverage[name]
+
+    tree = TREES["4-2-1"].with_serving((80, 15, 5))
+    fixed = lambda_tilde("serving", serving=tree.serving_rates())
+    agg = CisAggregator(
+        tree=tree, p=p_matrix(tree, epsilon, "paper"), sizes=np.asarray(sizes, float),
+        weights=lambda t: fixed, server_lr=0.7, mode="paper",
+        head_params=[tuple(n for n in names.values() if n.startswith(f"heads.{e}."))
+                     for e in range(3)],
+    )  # fmt: skip
+    base = ModelVersion(version=0, params={names[k]: v for k, v in w.items()})
+    theirs = agg.aggregate(None, base, [Contribution(i, e) for i, e in exits.items()])  # type: ignore[arg-type]
+    for k in w:
+        torch.testing.assert_close(theirs.params[names[k]], ours[k], rtol=1e-12, atol=1e-12)
+
+
+def test_a_tiny_paper_run_moves_every_head() -> None:
+    """Two paper-mode rounds on random data at ε = 0: every tensor moved (the lower heads
+    too, unlike the authors' loop), and the run is a function of the seed."""
+    m = _module()
+    args = m.parser().parse_args(
+        ["--data-dir", "-", "--rounds", "2", "--local-steps", "2", "--batch-size", "8",
+         "--mode", "paper", "--weight-decay", "5e-4"]
+    )  # fmt: skip
+    args.shares = [80.0, 15.0, 5.0]
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(140, 1, 28, 28, generator=g), torch.randint(0, 10, (140,), generator=g)
+    server, init = m.train_paper(args, x, y)
+    for k, v in server.state_dict().items():
+        assert not torch.equal(v, init[k]), k
+    again, _ = m.train_paper(args, x, y)
+    for k, v in server.state_dict().items():
+        assert torch.equal(v, again.state_dict()[k]), k
+
+
 def test_cascade_on_a_hand_made_table() -> None:
     """4 test points. Exit 1 serves the lowest-entropy points 0 and 2 (hits: 0); exit 2 the
     lower of the rest, 3 (a hit, though point 0 has the lowest exit-2 entropy: already
@@ -215,6 +312,8 @@ def test_agrees_with_fedclock_reference_mode(tmp_path, capsys) -> None:
     raw.update(
         seed=9, strategy={"name": "cis-serving", "mode": "reference"},
         budget={"aggregations": rounds}, eval={"every_aggregations": rounds},
+        # the script's defaults (and the preset's before the paper's local work)
+        train={"local_steps": 10, "batch_size": 64, "lr": 0.1, "momentum": 0.9},
     )  # fmt: skip
     raw["cis"]["serving"] = "80-15-5"
     raw["data"]["data_dir"] = str(mnist)

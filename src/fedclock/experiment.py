@@ -491,6 +491,7 @@ def run_experiment(
     with stop_on_sigint(checkpointer):
         try:
             summary, error = _run_and_record(sim, cfg, recorder, run_dir, wall0)
+            summary.update(strategy.summary)  # e.g. cis-balanced's measured σ
         finally:
             close = getattr(executor, "close", None)  # (Ray actors)
             if close is not None:
