@@ -686,3 +686,25 @@ def test_a_shorter_budget_than_the_configs_is_noted(tmp_path) -> None:
     res = CliRunner().invoke(app, ["run", str(cfg), "--set", "budget.aggregations=1", "-q",
                                    "--out", str(tmp_path / "q")])  # fmt: skip
     assert res.exit_code == 0 and "note:" not in res.output
+
+
+def test_also_serving_routes_the_same_models_again(tmp_path) -> None:
+    """cis.also_serving: a cis-equal run at 80-15-5 with also_serving [5-15-80] records
+    cis_accuracy_5-15-80, equal at every evaluation to the cis_accuracy of the same run made
+    at 5-15-80 (Equal Weight trains the same whatever the serving rates); a bad setting is
+    one sentence."""
+    from fedclock.experiment import run_experiment
+
+    raw = _cis_raw(strategy={"name": "cis-equal"}, eval={"every_aggregations": 1})
+    raw["cis"] = {**raw["cis"], "also_serving": ["5-15-80"]}
+    a = run_experiment(load_config(raw=raw), run_dir=tmp_path / "a")
+    raw2 = _cis_raw(strategy={"name": "cis-equal"}, eval={"every_aggregations": 1})
+    raw2["cis"] = {**raw2["cis"], "serving": "5-15-80"}
+    b = run_experiment(load_config(raw=raw2), run_dir=tmp_path / "b")
+    got = [r["cis_accuracy_5-15-80"] for r in a.history]
+    assert got == [r["cis_accuracy"] for r in b.history] and len(got) == 4
+    assert got != [r["cis_accuracy"] for r in a.history]
+    assert a.summary["cis_accuracy_5-15-80"] == b.summary["cis_accuracy"]
+    raw["cis"]["also_serving"] = ["a-b"]
+    with pytest.raises(FedclockConfigError, match="not a list of shares"):
+        run_experiment(load_config(raw=raw), run_dir=tmp_path / "c")

@@ -324,3 +324,25 @@ def test_agrees_with_fedclock_reference_mode(tmp_path, capsys) -> None:
         assert run["exit1_accuracy"] < 0.35 and run["exit2_accuracy"] < 0.35, (ours, theirs)
         assert 0.06 < run["cis_accuracy"] < 0.35, (ours, theirs)
     assert abs(ours["cis_accuracy"] - theirs["cis_accuracy"]) < 0.15, (ours, theirs)
+
+
+def test_cis_tables_means_and_paired_differences(tmp_path, capsys) -> None:
+    """scripts/cis_tables.py: mean ± sample sd over the finished seeds of each cell, and
+    A − B seed by seed over the seeds both cells have (an unfinished run is left out)."""
+    tables = load_script("cis_tables")
+    for strategy, cis in (("cis-serving", (0.60, 0.70, 0.65)), ("cis-equal", (0.50, 0.62, 0.0))):
+        for seed, v in zip((9, 42, 67), cis, strict=True):
+            d = tmp_path / "t1" / "runs" / strategy / "cis.serving=80-15-5" / f"seed-{seed}"
+            d.mkdir(parents=True)
+            status = "completed" if v else "interrupted"
+            d.joinpath("summary.json").write_text(json.dumps({
+                "status": status, "cis_accuracy": v, "exit1_accuracy": 0.5,
+                "exit2_accuracy": 0.6, "exit3_accuracy": 0.7}))  # fmt: skip
+    assert tables.main([str(tmp_path / "t1"), "--diff", "cis-serving/cis.serving=80-15-5",
+                        "cis-equal/cis.serving=80-15-5"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert (
+        "| t1:cis-serving/cis.serving=80-15-5 | 9,42,67 | 65.0 ± 5.0 | 60.0 / 70.0 / 65.0 |" in out
+    )
+    assert "| t1:cis-equal/cis.serving=80-15-5 | 9,42 | 56.0 ± 8.5 |" in out
+    assert "(seeds 9,42): +10.0 / +8.0" in out

@@ -877,6 +877,12 @@ class CisConfig(_Section):
         description="share of the training data per exit layer, leaves' first: equal "
         "(1/3 each), biased (14.3/28.6/57.1 %), highly-biased (3.4/19.9/76.7 %), or a list",
     )
+    also_serving: list[str] = Field(
+        [],
+        description="more 'x-y-z' serving settings at which each evaluation routes the test "
+        "set too: a column cis_accuracy_<x-y-z> each (cis-equal and cis-flops train the same "
+        "whatever the serving rates, so one run gives every column of Table 1)",
+    )
 
     @property
     def size(self) -> int | None:
