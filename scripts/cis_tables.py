@@ -5,8 +5,10 @@ seed and as mean ± sample std, and paired differences between cells seed by see
 
 A cell is ``<folder name>:<strategy>/<grid cell>`` (e.g. ``cis-t1:cis-serving/cis.serving=
 80-15-5``), read from ``DIR/runs/<strategy>/<cell>/seed-<s>/summary.json`` (finished runs
-only). ``--diff A B`` prints A − B per seed (points of the metric, × 100) for the seeds both
-have; A and B may be given without the folder when only one folder is read. Percentages
+only); a cell whose runs lack ``--metric`` is left out. ``--diff A B`` prints A − B per
+seed (points, × 100) for the seeds both have; A and B may be given without the folder when
+only one folder holds such a cell, and ``CELL#metric`` compares another metric of it (e.g.
+``cis-equal/cis.serving=80-15-5#cis_accuracy_5-15-80``, cis.also_serving's column). Percentages
 with one decimal, as the reproduction page reports them (docs/reproductions/cis.md).
 """
 
@@ -58,17 +60,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| cell | seeds | {args.metric} % (mean ± sd) | per seed | exits 1 / 2 / 3 % (mean) |")
     print("|---|---|---|---|---|")
     for label, runs in table.items():
-        seeds = sorted(runs)
+        seeds = [s for s in sorted(runs) if args.metric in runs[s]]
+        if not seeds:
+            continue
         vals = [runs[s][args.metric] for s in seeds]
         per = " / ".join(f"{100 * v:.1f}" for v in vals)
         ex = " / ".join(f"{100 * statistics.fmean(runs[s][e] for s in seeds):.1f}" for e in EXITS)
         names = ",".join(str(s) for s in seeds)
         print(f"| {label} | {names} | {_pm(vals)} | {per} | {ex} |")
     for a, b in args.diff:
+        (a, _, ma), (b, _, mb) = a.partition("#"), b.partition("#")
+        ma, mb = ma or args.metric, mb or args.metric
         ka, kb = _find(table, a), _find(table, b)
         both = sorted(set(table[ka]) & set(table[kb]))
-        d = [100 * (table[ka][s][args.metric] - table[kb][s][args.metric]) for s in both]
-        print(f"{ka} − {kb} (seeds {','.join(map(str, both))}): "
+        d = [100 * (table[ka][s][ma] - table[kb][s][mb]) for s in both]
+        name_a = ka if ma == args.metric else f"{ka}#{ma}"
+        name_b = kb if mb == args.metric else f"{kb}#{mb}"
+        print(f"{name_a} − {name_b} (seeds {','.join(map(str, both))}): "
               + " / ".join(f"{x:+.1f}" for x in d))  # fmt: skip
     return 0
 
