@@ -59,6 +59,19 @@ shuffles; the cosine rate comes from torch's recursive ``CosineAnnealingLR`` her
 the closed form there; fedclock routes on the tree (each node's served rate), this script
 runs the three-level cascade.
 
+``--mode paper`` runs Algorithm 1 as the paper prints it instead, the same independent way,
+to check fedclock's ``strategy.mode: paper``:
+
+- p_{i,E_i} = 1 − (E_i − 1)·ε and p_{i,e} = ε for each lower exit (the paper's §4 rule; a
+  node draws its exit from that row);
+- every task starts from the server's model w^t with a fresh SGD optimizer (momentum 0.9
+  reset, ``--weight-decay``), at the round's cosine rate (the closed form, the same for
+  every node);
+- the server's model is its own (not the root's), and line 8 of Algorithm 1:
+  w^{t+1} = w^t + η_s·Σ_{(i,e)} Λ̃_e·|S_i|/|S_{e,p}|·(w_{i,e} − w^t)/p_{i,e}, over the entries up
+  to exit e and exit e's head (heads included), with S_{e,p} the nodes with p_{i,e} > 0;
+- then every node is overwritten with w^{t+1}.
+
 It prints one JSON line: the settings, each exit's test accuracy and the CIS accuracy.
 """
 
@@ -176,6 +189,44 @@ def aggregate(
             for i, e in exits.items():
                 if name.startswith(ENTRIES[:e]) and name in nodes[i]:
                     acc += coef[i] * (nodes[i][name] - w)
+        out[name] = acc
+    return out
+
+
+def p_paper(top: int, e: int, epsilon: float) -> float:
+    """p_{i,e} of the paper (§4, node collaboration): ε for each exit below E_i, the rest
+    1 − (E_i − 1)·ε for E_i, 0 above."""
+    if e > top:
+        return 0.0
+    return 1.0 - (top - 1) * epsilon if e == top else epsilon
+
+
+def paper_coefficients(
+    exits: Mapping[int, int], sizes: Sequence[float], lam: Sequence[float], epsilon: float,
+    tops: Sequence[int] = EXIT,
+) -> dict[int, float]:  # fmt: skip
+    """Λ̃_e·|S_i|/|S_{e,p}|/p_{i,e} (Algorithm 1, line 8) of each sampled node i, S_{e,p} the
+    data of every node with p_{i,e} > 0."""
+    out = {}
+    for i, e in exits.items():
+        pool = sum(s for s, top in zip(sizes, tops, strict=True) if p_paper(top, e, epsilon) > 0)
+        out[i] = lam[e - 1] * sizes[i] / pool / p_paper(tops[i], e, epsilon)
+    return out
+
+
+@torch.no_grad()
+def paper_aggregate(
+    w: Mapping[str, torch.Tensor], nodes: Mapping[int, Mapping[str, torch.Tensor]],
+    exits: Mapping[int, int], coef: Mapping[int, float], server_lr: float = 1.0,
+) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Line 8 of Algorithm 1: w + η_s·Σ_i coef_i·(w_i − w) over the tensors node i trained
+    (the entries up to its exit e and exit e's head)."""
+    out = {}
+    for name, v in w.items():
+        acc = v.clone()
+        for i, e in exits.items():
+            if name.startswith((*ENTRIES[:e], HEADS[e - 1])):
+                acc += server_lr * coef[i] * (nodes[i][name] - v)
         out[name] = acc
     return out
 
@@ -314,13 +365,59 @@ def train(
     return cloud, models, initial
 
 
+def train_paper(
+    args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor
+) -> tuple[EECNN, dict[str, torch.Tensor]]:
+    """Algorithm 1 as printed on training data (x, y); returns the server's model and the
+    initial weights."""
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    sizes = split_sizes(len(y), args.split)
+    perm = torch.randperm(len(y), generator=gen)
+    start = np.concatenate([[0], np.cumsum(sizes)])
+    shards = [perm[start[i] : start[i + 1]] for i in range(len(EXIT))]
+    server = EECNN()
+    initial = {k: v.clone() for k, v in server.state_dict().items()}
+    node = EECNN()  # one work model: every task starts from w^t
+    batches = [Batches(len(s), args.batch_size, gen) for s in shards]
+    lam = lambda_tilde(args.strategy, args.shares)
+    for t in range(args.rounds):
+        lr = args.lr_min + (args.lr - args.lr_min) * (1 + np.cos(np.pi * t / args.rounds)) / 2
+        w = {k: v.clone() for k, v in server.state_dict().items()}
+        exits, trained = {}, {}
+        for i, top in enumerate(EXIT):
+            p = np.array([p_paper(top, e, args.epsilon) for e in range(1, top + 1)])
+            exits[i] = 1 + min(int((rng.random() >= np.cumsum(p)).sum()), top - 1)
+        for i, e in exits.items():
+            node.load_state_dict(w)
+            params = [q for n, q in node.named_parameters()
+                      if n.startswith((*ENTRIES[:e], HEADS[e - 1]))]  # fmt: skip
+            opt = torch.optim.SGD(params, lr=float(lr), momentum=0.9,
+                                  weight_decay=args.weight_decay)  # fmt: skip
+            for _ in range(args.local_steps):
+                rows = shards[i][batches[i].next()]
+                loss = F.cross_entropy(node(x[rows], upto=e)[e - 1], y[rows])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            trained[i] = {k: v.detach().clone() for k, v in node.state_dict().items()}
+        coef = paper_coefficients(exits, sizes, lam, args.epsilon)
+        server.load_state_dict(paper_aggregate(w, trained, exits, coef, args.server_lr))
+    return server, initial
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
     args.shares = [float(v) for v in args.serving.split("-")]
     x, y, x_test, y_test = load(Path(args.data_dir))
-    cloud, _, _ = train(args, x, y)
+    if args.mode == "paper":
+        cloud, _ = train_paper(args, x, y)
+    else:
+        cloud, _, _ = train(args, x, y)
     return {
         "strategy": args.strategy, "serving": args.serving, "seed": args.seed,
-        "rounds": args.rounds, "local_steps": args.local_steps, "epsilon": args.epsilon,
+        "mode": args.mode, "rounds": args.rounds, "local_steps": args.local_steps,
+        "epsilon": args.epsilon, "split": args.split,
         **evaluate(cloud, x_test, y_test, args.shares),
     }  # fmt: skip
 
@@ -338,7 +435,19 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--lr-min", type=float, default=0.001, help="the cosine schedule's eta_min")
     ap.add_argument("--weight-decay", type=float, default=0.0, help="the authors used 5e-4")
-    ap.add_argument("--epsilon", type=float, default=0.0, help="total probability of a lower exit")
+    ap.add_argument(
+        "--epsilon",
+        type=float,
+        default=0.0,
+        help="reference: total probability of a lower exit; paper: per lower exit",
+    )
+    ap.add_argument(
+        "--mode",
+        choices=("reference", "paper"),
+        default="reference",
+        help="reference: the authors' loop; paper: Algorithm 1 as printed",
+    )
+    ap.add_argument("--server-lr", type=float, default=1.0, help="η_s (paper mode)")
     return ap
 
 

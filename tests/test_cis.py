@@ -417,3 +417,294 @@ def test_cli_run_and_exit_plot(tmp_path) -> None:
     (plain / "metrics.csv").write_text("virtual_time,aggregation,test_accuracy\n0,0,0.1\n")
     res = runner.invoke(app, ["plot", str(plain), "--metric", "exits"])
     assert res.exit_code != 0 and "no exit columns" in res.output
+
+
+# ----------------------------------------------------------------------------- second pass
+# (issue 29: the exit draw, the paper's local work, momentum, the reference-mode departures
+# one at a time, η_s on buffers, σ in summary.json, the headline metric, the shrunk-schedule note)
+@pytest.mark.parametrize(("eps", "rule"), [(0.2, "paper"), (0.3, "code"), (0.0, "paper")])
+def test_exit_draws_follow_the_p_matrix(eps: float, rule: str) -> None:
+    """ExitWork.draw over 20,000 rounds (the simulator's own random streams): every (node,
+    exit) pair is drawn n·p_{i,e} times within 5 binomial standard deviations (a pair with
+    p = 0 never), each round's draws independent of the others' nodes."""
+    from fedclock.rng import stream
+    from fedclock.strategies.cis import ExitWork
+
+    tree = TREES["4-2-1"]
+    p = p_matrix(tree, eps, rule)
+    work = ExitWork.__new__(ExitWork)
+    work.tree, work.p = tree, p
+    ctx = SimpleNamespace(rng=lambda purpose, *ids: stream(9, purpose, *ids))
+    n = 20_000
+    counts = np.zeros_like(p)
+    for r in range(n):
+        drawn = work.draw(ctx, r)  # type: ignore[arg-type]
+        counts[np.arange(tree.size), drawn - 1] += 1
+    bound = 5 * np.sqrt(n * p * (1 - p))
+    assert np.all(np.abs(counts - n * p) <= bound), (counts / n, p)
+    assert np.all(counts[p == 0] == 0)
+    assert counts.sum(1).tolist() == [n] * tree.size
+
+
+def test_the_papers_local_work_is_an_epoch_of_the_largest_node() -> None:
+    """``strategy.local_work: epoch-of-largest``: every node runs ⌈max|S_i|/B⌉ steps (MNIST's
+    equal split: root 20,000 → 157 at B = 128; the highly biased one: 46,020 → 360), a
+    fractional train.local_epochs scales it; train.local_steps with it is one sentence."""
+    from fedclock.strategies.cis import epoch_of_largest
+
+    assert epoch_of_largest([20_000, 10_000, 5_000], 128, None, None) == 157
+    assert epoch_of_largest([46_020, 5_970, 510], 128, None, 1.0) == 360
+    assert epoch_of_largest([15_000, 7_500, 3_750], 128, None, 1.0) == 118  # CIFAR: 117 + partial
+    assert epoch_of_largest([20_000, 10_000], 128, None, 0.5) == 79
+    with pytest.raises(FedclockConfigError, match=r"drop train\.local_steps"):
+        epoch_of_largest([20_000], 128, 10, None)
+
+
+def test_local_work_and_momentum_reach_the_tasks() -> None:
+    """Built from a config: epoch-of-largest gives every node's task the largest node's
+    epoch of steps, and momentum_state picks the executor's per-node momentum (null: task
+    in paper mode, node in reference mode)."""
+    from fedclock.strategies.base import BuildInfo
+    from fedclock.strategies.cis import build_cis
+
+    def build(train: dict | None = None, **strategy: object):
+        raw = _cis_raw(strategy={"name": "cis-serving", **strategy})
+        if train is not None:
+            raw["train"] = train
+        model = ee_cnn((1, 8, 8), 10, [4, 4, 8])
+        sizes = np.array([300, 100, 100, 40, 40, 40, 40])
+        info = BuildInfo(client_sizes=sizes, layer_fwd_flops=(), layer_bwd_flops=(),
+                         model_bytes=0, model=model)  # fmt: skip
+        return build_cis(load_config(raw=raw), info)
+
+    s = build({"batch_size": 16, "lr": 0.05}, local_work="epoch-of-largest")
+    assert [s.planner._plans[i].local_steps for i in range(7)] == [19] * 7  # ⌈300/16⌉
+    # epochs of ⌈n/16⌉ batches, the last partial: 100 → 2 epochs + 5 batches, 40 → 6 + 1
+    assert [s.planner._plans[i].samples for i in (0, 1, 3)] == [300, 2 * 100 + 5 * 16, 6 * 40 + 16]
+    s = build({"batch_size": 16, "lr": 0.05, "local_steps": 4})
+    assert {s.planner._plans[i].local_steps for i in range(7)} == {4}
+    with pytest.raises(FedclockConfigError, match=r"drop train\.local_steps"):
+        build({"batch_size": 16, "lr": 0.05, "local_steps": 4}, local_work="epoch-of-largest")
+    assert build().needs.momentum_per_client is False
+    assert build(mode="reference").needs.momentum_per_client is True
+    assert build(momentum_state="node").needs.momentum_per_client is True
+    assert build(mode="reference", momentum_state="task").needs.momentum_per_client is False
+
+
+def _two_nodes() -> tuple[dict, ModelVersion, list, torch.Tensor]:
+    """The round of test_server_update_two_nodes_hand_computed, with a float and an integer
+    buffer (root 3 / leaf 2, counts 7 / 5)."""
+    tree = Tree((-1, 0), (2, 1), (0.0, 1.0), (INF, INF))
+    one = torch.ones(2, dtype=torch.float64)
+    z = torch.zeros(2, dtype=torch.float64)
+    bufs = {"bn": one.clone(), "count": torch.tensor(1)}
+    base = ModelVersion(0, {"trunk": one.clone(), "head1": one.clone(), "head2": one.clone()},
+                        bufs)  # fmt: skip
+    root = _contribution(0, 2, 2, {"trunk": 2 * one, "head1": z, "head2": 3 * one}, base,
+                         {"bn": 3 * one, "count": torch.tensor(7)})  # fmt: skip
+    leaf = _contribution(1, 1, 1, {"trunk": 4 * one, "head1": 5 * one, "head2": z}, base,
+                         {"bn": 2 * one, "count": torch.tensor(5)})  # fmt: skip
+    kw = {"tree": tree, "p": p_matrix(tree, 0.5), "sizes": np.array([30.0, 10.0]),
+          "weights": lambda t: np.array([0.75, 0.25]), "server_lr": 1.0,
+          "head_params": [("head1",), ("head2",)]}  # fmt: skip
+    return kw, base, [root, leaf], one
+
+
+@pytest.mark.parametrize(
+    ("switch", "trunk", "head2", "head1"),
+    [
+        # Λ̃·|S_i|/|S_{e,p}| = 0.25 (root, exit 2) and 0.1875 (leaf, exit 1); p = 0.5 / 1
+        ({}, 2.75, 2.5, 1.9375),  # line 8: root 0.25/0.5 = 0.5, leaf 0.1875
+        ({"p_factor": "none"}, 1 + 0.25 * 2 + 0.75, 1 + 0.25 * 3, 1.9375),
+        ({"p_factor": "multiply"}, 1 + 0.125 * 2 + 0.75, 1 + 0.125 * 3, 1.9375),
+        # the root's model (1 + Δ_root), the leaf's update against it: + 0.1875·(4 − 2)
+        ({"root_in_place": True}, 3 + 0.1875 * 2, 4.0, 1 + 0.1875 * 5),
+        ({"lower_heads": "root"}, 2.75, 2.5, 1.0),  # head1: the root's (untrained: w)
+    ],
+)
+def test_each_reference_departure_alone(switch: dict, trunk: float, head2: float,
+                                        head1: float) -> None:  # fmt: skip
+    """Paper mode with one of the authors' departures turned on (hand-computed)."""
+    kw, base, contribs, one = _two_nodes()
+    new = CisAggregator(mode="paper", **kw, **switch).aggregate(None, base, contribs)  # type: ignore[arg-type]
+    torch.testing.assert_close(new.params["trunk"], trunk * one)
+    torch.testing.assert_close(new.params["head2"], head2 * one)
+    torch.testing.assert_close(new.params["head1"], head1 * one)
+
+
+def test_reference_mode_is_the_three_departures_together() -> None:
+    """mode reference ≡ mode paper with p multiplied, the root in place and the lower heads
+    the root's — tensor for tensor on a random round of the 4-2-1 tree at ε = 0.2, buffers
+    included; and mode paper ≡ mode reference with the three switched back."""
+    tree = TREES["4-2-1"]
+    p = p_matrix(tree, 0.2)
+    g = torch.Generator().manual_seed(3)
+    names = ("stem", "block1", "block2", "heads.0", "heads.1", "heads.2")
+    base = ModelVersion(4, {n: torch.randn(3, generator=g, dtype=torch.float64) for n in names},
+                        {"bn": torch.randn(3, generator=g, dtype=torch.float64)})  # fmt: skip
+    exits = (2, 1, 2, 1, 1, 1, 1)
+    contribs = []
+    for i, e in enumerate(exits):
+        delta = {n: torch.randn(3, generator=g, dtype=torch.float64) for n in names}
+        plan = TaskPlan(1, 1, 1, shape=Exit(e, tree.exit[i]))
+        task = Task(0, i, 0, base, plan, TaskCost(0, 0, 0), TaskTiming(0, 0, 0), 0.0)
+        cover = {n: n in names[:e] or n == f"heads.{e - 1}" for n in names}
+        bufs = {"bn": base.buffers["bn"] + torch.randn(3, generator=g, dtype=torch.float64)}
+        contribs.append(Contribution(task, delta, bufs, 1, 0.0, coverage=cover))
+    kw = {"tree": tree, "p": p, "sizes": np.array([20.0, 10, 10, 5, 5, 5, 5]),
+          "weights": lambda t: np.array([0.8, 0.15, 0.05]), "server_lr": 0.7,
+          "head_params": [("heads.0",), ("heads.1",), ("heads.2",)]}  # fmt: skip
+    three = {"p_factor": "multiply", "root_in_place": True, "lower_heads": "root"}
+    back = {"p_factor": "divide", "root_in_place": False, "lower_heads": "aggregate"}
+    for a, b in (({"mode": "reference"}, {"mode": "paper", **three}),
+                 ({"mode": "paper"}, {"mode": "reference", **back})):  # fmt: skip
+        x = CisAggregator(**kw, **a).aggregate(None, base, contribs)  # type: ignore[arg-type]
+        y = CisAggregator(**kw, **b).aggregate(None, base, contribs)  # type: ignore[arg-type]
+        for n in names:
+            torch.testing.assert_close(x.params[n], y.params[n], rtol=0, atol=0)
+        torch.testing.assert_close(x.buffers["bn"], y.buffers["bn"], rtol=0, atol=0)
+    ref = CisAggregator(**kw, mode="reference").aggregate(None, base, contribs)  # type: ignore[arg-type]
+    pap = CisAggregator(**kw, mode="paper").aggregate(None, base, contribs)  # type: ignore[arg-type]
+    assert not torch.equal(ref.params["stem"], pap.params["stem"])
+
+
+def test_server_lr_moves_float_buffers_too() -> None:
+    """η_s = 0.5 halves the step of every parameter and floating-point buffer (BatchNorm
+    statistics): bn ← 1 + 0.5·(0.5·(3 − 1) + 0.1875·(2 − 1)) = 1.59375; the integer count is
+    the deepest task's (the root's 7) whatever η_s."""
+    kw, base, contribs, one = _two_nodes()
+    full = CisAggregator(mode="paper", **kw).aggregate(None, base, contribs)  # type: ignore[arg-type]
+    torch.testing.assert_close(full.buffers["bn"], (1 + 0.5 * 2 + 0.1875) * one)
+    half = CisAggregator(mode="paper", **{**kw, "server_lr": 0.5}).aggregate(None, base, contribs)  # type: ignore[arg-type]
+    torch.testing.assert_close(half.params["trunk"], 1.875 * one)
+    torch.testing.assert_close(half.buffers["bn"], 1.59375 * one)
+    assert int(half.buffers["count"]) == 7
+    ref = CisAggregator(mode="reference", **{**kw, "server_lr": 0.5}).aggregate(
+        None, base, contribs
+    )  # type: ignore[arg-type]
+    # reference: the root's bn (3), the leaf's against it (coef 0.1875·1): 3 − 0.1875; halved
+    torch.testing.assert_close(ref.buffers["bn"], (1 + 0.5 * (2 - 0.1875)) * one)
+
+
+def test_balanced_sigma_in_summary_and_table(tmp_path) -> None:
+    """cis-balanced writes the σ it measured (and its Λ̃) to summary.json, the values
+    gradient_variance gives on the same samples of the initial model, and the CLI's summary
+    table shows them; a given σ is written as given."""
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from fedclock.cli import app
+    from fedclock.experiment import run_experiment
+
+    raw = _cis_raw(strategy={"name": "cis-balanced", "sigma_samples": 16},
+                   budget={"aggregations": 1})  # fmt: skip
+    res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "m")
+    sigma = res.summary["cis_sigma"]
+    assert len(sigma) == 3 and all(s > 0 for s in sigma)
+    assert json.loads((tmp_path / "m" / "summary.json").read_text())["cis_sigma"] == sigma
+    assert sum(res.summary["cis_lambda_tilde"]) == pytest.approx(1.0)
+    raw["strategy"]["sigma"] = [0.00374, 0.00224, 0.00101]
+    cfg = tmp_path / "b.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    out = CliRunner().invoke(app, ["run", str(cfg), "--out", str(tmp_path / "g")])
+    assert out.exit_code == 0, out.output
+    assert "cis_sigma" in out.output and "0.00374 / 0.00224 / 0.00101" in out.output
+    assert "0.486 / 0.195 / 0.319" in out.output  # the spec's CIFAR-10 example at 80-15-5
+    got = json.loads((tmp_path / "g" / "summary.json").read_text())
+    assert got["cis_sigma"] == [0.00374, 0.00224, 0.00101]
+
+
+def test_measured_sigma_is_gradient_variance_of_the_initial_model() -> None:
+    """The σ build_cis reports is gradient_variance on the seed's sigma_samples draw."""
+    from fedclock.models.early_exit import exit_view
+    from fedclock.strategies.base import BuildInfo
+    from fedclock.strategies.cis import build_cis
+
+    cfg = load_config(raw=_cis_raw(strategy={"name": "cis-balanced", "sigma_samples": 12}))
+    model = ee_cnn((1, 8, 8), 10, [4, 4, 8])
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 1, 8, 8, generator=g), torch.randint(0, 10, (40,), generator=g)
+    info = BuildInfo(client_sizes=np.full(7, 40), layer_fwd_flops=(), layer_bwd_flops=(),
+                     model_bytes=0, model=model, train=(x, y))  # fmt: skip
+    got = build_cis(cfg, info).summary["cis_sigma"]
+    pick = torch.randperm(40, generator=torch.Generator().manual_seed(cfg.seed))[:12]
+    want = gradient_variance(model, x[pick], y[pick], exit_view(model, (1, 8, 8)))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_progress_bar_shows_the_headline_metric() -> None:
+    """The bar shows cis_accuracy (not the last exit's accuracy) where the run has one."""
+    from rich.console import Console
+
+    from fedclock.cli import _Bar, _progress
+
+    cfg = load_config(raw=_cis_raw())
+    with _progress(Console(quiet=True), quiet=False) as progress:
+        bar = _Bar(progress, cfg, "cis")
+        sim = SimpleNamespace(now=3.0, stop_reason="done", counters=SimpleNamespace(
+            aggregations=2, updates_used=14),
+            history=[{"test_accuracy": 0.094, "cis_accuracy": 0.248}])  # fmt: skip
+        bar(sim)
+        status = progress.tasks[0].fields["status"]
+        assert "cis=0.248" in status and "0.094" not in status
+        sim.history = [{"test_accuracy": 0.5}]
+        bar._last = 0.0
+        bar(sim)
+        assert "acc=0.500" in progress.tasks[0].fields["status"]
+
+
+def test_a_shorter_budget_than_the_configs_is_noted(tmp_path) -> None:
+    """--set budget.aggregations below the config's: one line says the cosine schedule (and
+    cis-flops's ramp) shrink with it; the same budget, a longer one, or a constant schedule
+    say nothing."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from fedclock.cli import _shrunk_schedule, app
+
+    raw = _cis_raw(budget={"aggregations": 3})
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(app, ["run", str(cfg), "--set", "budget.aggregations=1",
+                                   "--out", str(tmp_path / "r")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    notes = [line for line in res.output.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "shorter than the 3" in notes[0], res.output
+    assert "lr_min at round 1" in notes[0]
+    shorter = load_config(raw=raw, overrides=["budget.aggregations=2"])
+    assert _shrunk_schedule(raw, shorter) is not None
+    assert _shrunk_schedule(raw, load_config(raw=raw)) is None
+    assert _shrunk_schedule(raw, load_config(raw=raw, overrides=["budget.aggregations=9"])) is None
+    const = load_config(raw=raw, overrides=["budget.aggregations=2",
+                                            "strategy.lr_schedule=constant"])  # fmt: skip
+    assert _shrunk_schedule(raw, const) is None
+    flops = load_config(raw=raw, overrides=["budget.aggregations=2", "strategy.name=cis-flops",
+                                            "strategy.lr_schedule=constant"])  # fmt: skip
+    assert "ramp ends at round 2" in (_shrunk_schedule(raw, flops) or "")
+    res = CliRunner().invoke(app, ["run", str(cfg), "--set", "budget.aggregations=1", "-q",
+                                   "--out", str(tmp_path / "q")])  # fmt: skip
+    assert res.exit_code == 0 and "note:" not in res.output
+
+
+def test_also_serving_routes_the_same_models_again(tmp_path) -> None:
+    """cis.also_serving: a cis-equal run at 80-15-5 with also_serving [5-15-80] records
+    cis_accuracy_5-15-80, equal at every evaluation to the cis_accuracy of the same run made
+    at 5-15-80 (Equal Weight trains the same whatever the serving rates); a bad setting is
+    one sentence."""
+    from fedclock.experiment import run_experiment
+
+    raw = _cis_raw(strategy={"name": "cis-equal"}, eval={"every_aggregations": 1})
+    raw["cis"] = {**raw["cis"], "also_serving": ["5-15-80"]}
+    a = run_experiment(load_config(raw=raw), run_dir=tmp_path / "a")
+    raw2 = _cis_raw(strategy={"name": "cis-equal"}, eval={"every_aggregations": 1})
+    raw2["cis"] = {**raw2["cis"], "serving": "5-15-80"}
+    b = run_experiment(load_config(raw=raw2), run_dir=tmp_path / "b")
+    got = [r["cis_accuracy_5-15-80"] for r in a.history]
+    assert got == [r["cis_accuracy"] for r in b.history] and len(got) == 4
+    assert got != [r["cis_accuracy"] for r in a.history]
+    assert a.summary["cis_accuracy_5-15-80"] == b.summary["cis_accuracy"]
+    raw["cis"]["also_serving"] = ["a-b"]
+    with pytest.raises(FedclockConfigError, match="not a list of shares"):
+        run_experiment(load_config(raw=raw), run_dir=tmp_path / "c")

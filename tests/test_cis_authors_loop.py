@@ -152,6 +152,103 @@ def test_aggregation_equals_fedclocks_reference_mode(epsilon: float, exits: dict
         torch.testing.assert_close(theirs.params[names[k]], ours[k], rtol=1e-12, atol=1e-12)
 
 
+# ----------------------------------------------------------------------------- paper mode
+def test_paper_p_and_coefficients_hand_computed() -> None:
+    """The paper's p (ε per lower exit) and line 8's Λ̃_e·|S_i|/|S_{e,p}|/p_{i,e}: ε = 0.2,
+    Λ̃ = (0.5, 0.3, 0.2), equal split. The root training exit 1 (p 0.2, S_{1,p} = 60k):
+    0.5·20k/60k/0.2; a mid node its own exit 2 (p 0.8, S_{2,p} = mid + root = 40k):
+    0.3·10k/40k/0.8; a leaf exit 1 (p 1): 0.5·5k/60k."""
+    m = _module()
+    assert [m.p_paper(3, e, 0.2) for e in (1, 2, 3)] == pytest.approx([0.2, 0.2, 0.6])
+    assert [m.p_paper(2, e, 0.2) for e in (1, 2, 3)] == pytest.approx([0.2, 0.8, 0.0])
+    assert m.p_paper(1, 1, 0.2) == 1.0
+    coef = m.paper_coefficients({0: 1, 1: 2, 3: 1}, m.split_sizes(60_000, "equal"),
+                                [0.5, 0.3, 0.2], 0.2)  # fmt: skip
+    assert coef == pytest.approx(
+        {0: 0.5 * 20_000 / 60_000 / 0.2, 1: 0.3 * 10_000 / 40_000 / 0.8, 3: 0.5 * 5_000 / 60_000}
+    )
+    w, d, _ = _tree_round(m, {0: 1, 1: 2, 3: 1})
+    full = {i: {k: w[k] + d[i][k] for k in w} for i in d}
+    out = m.paper_aggregate(w, full, {0: 1, 1: 2, 3: 1}, coef, server_lr=0.5)
+    for k in w:
+        want = w[k].clone()
+        if k.startswith(("stem.", "head1.")):
+            want += 0.5 * (coef[0] * d[0][k] + coef[3] * d[3][k])
+        if k.startswith(("stem.", "block1.", "head2.")):
+            want += 0.5 * coef[1] * d[1][k]
+        torch.testing.assert_close(out[k], want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "exits"),
+    [(0.0, dict(enumerate((3, 2, 2, 1, 1, 1, 1)))),
+     (0.2, {0: 1, 1: 1, 2: 2, 3: 1, 4: 1, 5: 1, 6: 1}),
+     (0.3, {0: 2, 1: 2, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1})],
+)  # fmt: skip
+def test_paper_aggregation_equals_fedclocks_paper_mode(epsilon: float, exits: dict) -> None:
+    """A hand-set round (every node, exits as given) through the script's line 8 and through
+    fedclock's ``CisAggregator`` in paper mode (p_rule paper, serving 80-15-5, η_s 0.7, the
+    tensors renamed by position): the same new model, tensor for tensor — heads included,
+    which paper mode aggregates like every other tensor."""
+    from fedclock.devices.topology import TREES
+    from fedclock.models.early_exit import ee_cnn
+    from fedclock.models.shapes import Exit
+    from fedclock.sim.types import ModelVersion
+    from fedclock.strategies.cis import CisAggregator, lambda_tilde, p_matrix
+
+    m = _module()
+    w, d, _ = _tree_round(m, exits)
+    names = dict(zip(w, ee_cnn((1, 28, 28), 10, [2, 3, 4]).state_dict(), strict=True))
+    sizes = m.split_sizes(60_000, "highly-biased")
+    lam = m.lambda_tilde("serving", [80, 15, 5])
+    full = {i: {k: w[k] + d[i][k] for k in w} for i in exits}
+    ours = m.paper_aggregate(w, full, exits, m.paper_coefficients(exits, sizes, lam, epsilon),
+                             server_lr=0.7)  # fmt: skip
+
+    class Contribution:  # the fields CisAggregator reads
+        def __init__(self, i: int, e: int) -> None:
+            self.client, self.weight, self.buffers = i, None, {}
+            self.task = SimpleNamespace(plan=SimpleNamespace(shape=Exit(e, m.EXIT[i])))
+            self.delta = {names[k]: v for k, v in d[i].items()}
+            trained = (*m.ENTRIES[:e], m.HEADS[e - 1])
+            self.coverage = {names[k]: k.startswith(trained) for k in w}
+
+        def covers(self, name: str) -> bool:
+            return self.coverage[name]
+
+    tree = TREES["4-2-1"].with_serving((80, 15, 5))
+    fixed = lambda_tilde("serving", serving=tree.serving_rates())
+    agg = CisAggregator(
+        tree=tree, p=p_matrix(tree, epsilon, "paper"), sizes=np.asarray(sizes, float),
+        weights=lambda t: fixed, server_lr=0.7, mode="paper",
+        head_params=[tuple(n for n in names.values() if n.startswith(f"heads.{e}."))
+                     for e in range(3)],
+    )  # fmt: skip
+    base = ModelVersion(version=0, params={names[k]: v for k, v in w.items()})
+    theirs = agg.aggregate(None, base, [Contribution(i, e) for i, e in exits.items()])  # type: ignore[arg-type]
+    for k in w:
+        torch.testing.assert_close(theirs.params[names[k]], ours[k], rtol=1e-12, atol=1e-12)
+
+
+def test_a_tiny_paper_run_moves_every_head() -> None:
+    """Two paper-mode rounds on random data at ε = 0: every tensor moved (the lower heads
+    too, unlike the authors' loop), and the run is a function of the seed."""
+    m = _module()
+    args = m.parser().parse_args(
+        ["--data-dir", "-", "--rounds", "2", "--local-steps", "2", "--batch-size", "8",
+         "--mode", "paper", "--weight-decay", "5e-4"]
+    )  # fmt: skip
+    args.shares = [80.0, 15.0, 5.0]
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(140, 1, 28, 28, generator=g), torch.randint(0, 10, (140,), generator=g)
+    server, init = m.train_paper(args, x, y)
+    for k, v in server.state_dict().items():
+        assert not torch.equal(v, init[k]), k
+    again, _ = m.train_paper(args, x, y)
+    for k, v in server.state_dict().items():
+        assert torch.equal(v, again.state_dict()[k]), k
+
+
 def test_cascade_on_a_hand_made_table() -> None:
     """4 test points. Exit 1 serves the lowest-entropy points 0 and 2 (hits: 0); exit 2 the
     lower of the rest, 3 (a hit, though point 0 has the lowest exit-2 entropy: already
@@ -215,6 +312,8 @@ def test_agrees_with_fedclock_reference_mode(tmp_path, capsys) -> None:
     raw.update(
         seed=9, strategy={"name": "cis-serving", "mode": "reference"},
         budget={"aggregations": rounds}, eval={"every_aggregations": rounds},
+        # the script's defaults (and the preset's before the paper's local work)
+        train={"local_steps": 10, "batch_size": 64, "lr": 0.1, "momentum": 0.9},
     )  # fmt: skip
     raw["cis"]["serving"] = "80-15-5"
     raw["data"]["data_dir"] = str(mnist)
@@ -225,3 +324,64 @@ def test_agrees_with_fedclock_reference_mode(tmp_path, capsys) -> None:
         assert run["exit1_accuracy"] < 0.35 and run["exit2_accuracy"] < 0.35, (ours, theirs)
         assert 0.06 < run["cis_accuracy"] < 0.35, (ours, theirs)
     assert abs(ours["cis_accuracy"] - theirs["cis_accuracy"]) < 0.15, (ours, theirs)
+
+
+def test_cis_tables_means_and_paired_differences(tmp_path, capsys) -> None:
+    """scripts/cis_tables.py: mean ± sample sd over the finished seeds of each cell, and
+    A − B seed by seed over the seeds both cells have (an unfinished run is left out)."""
+    tables = load_script("cis_tables")
+    for strategy, cis in (("cis-serving", (0.60, 0.70, 0.65)), ("cis-equal", (0.50, 0.62, 0.0))):
+        for seed, v in zip((9, 42, 67), cis, strict=True):
+            d = tmp_path / "t1" / "runs" / strategy / "cis.serving=80-15-5" / f"seed-{seed}"
+            d.mkdir(parents=True)
+            status = "completed" if v else "interrupted"
+            d.joinpath("summary.json").write_text(json.dumps({
+                "status": status, "cis_accuracy": v, "exit1_accuracy": 0.5,
+                "exit2_accuracy": 0.6, "exit3_accuracy": 0.7}))  # fmt: skip
+    assert tables.main([str(tmp_path / "t1"), "--diff", "cis-serving/cis.serving=80-15-5",
+                        "cis-equal/cis.serving=80-15-5"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert (
+        "| t1:cis-serving/cis.serving=80-15-5 | 9,42,67 | 65.0 ± 5.0 | 60.0 / 70.0 / 65.0 |" in out
+    )
+    assert "| t1:cis-equal/cis.serving=80-15-5 | 9,42 | 56.0 ± 8.5 |" in out
+    assert "(seeds 9,42): +10.0 / +8.0" in out
+
+
+@pytest.mark.slow
+def test_paper_loop_agrees_with_fedclock_paper_mode(tmp_path, capsys) -> None:
+    """10 rounds of 10 steps (batch 64, no weight decay), serving 80-15-5, Serving Rate,
+    seed 9: the script's ``--mode paper`` and fedclock's ``cis-table1`` preset in paper mode.
+    The runs draw differently, so only the distribution is compared. Measured over seeds
+    9/42/67: exit 1 — script 0.396/0.381/0.370, fedclock 0.399/0.306/0.387; exits 2 and 3
+    (Λ̃ 0.15 and 0.05, 100 steps: barely trained) 0.095–0.177 for both; CIS accuracy —
+    script 0.377/0.362/0.334, fedclock 0.370/0.283/0.376 (largest gap between any two runs
+    0.09). Tolerances: exit 1 within 0.12 of each other and both in 0.25–0.5; exits 2 and 3
+    below 0.25; CIS accuracy within 0.12 of each other and both in 0.2–0.45."""
+    from fedclock.config import load_config
+    from fedclock.experiment import run_experiment
+    from fedclock.presets import load_preset
+
+    mnist = require_data("mnist")
+    rounds = 10
+    m = _module()
+    argv = ["--data-dir", str(mnist), "--rounds", str(rounds), "--seed", "9", "--mode", "paper"]
+    assert m.main([*argv, "--strategy", "serving", "--serving", "80-15-5"]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    raw = load_preset("cis-table1")
+    for key in ("compare", "name", "description"):
+        raw.pop(key, None)
+    raw.update(
+        seed=9, strategy={"name": "cis-serving"}, budget={"aggregations": rounds},
+        eval={"every_aggregations": rounds},
+        train={"local_steps": 10, "batch_size": 64, "lr": 0.1, "momentum": 0.9},
+    )  # fmt: skip
+    raw["cis"]["serving"] = "80-15-5"
+    raw["data"]["data_dir"] = str(mnist)
+    theirs = run_experiment(load_config(raw=raw), run_dir=tmp_path / "fedclock").summary
+    assert abs(ours["exit1_accuracy"] - theirs["exit1_accuracy"]) < 0.12, (ours, theirs)
+    assert abs(ours["cis_accuracy"] - theirs["cis_accuracy"]) < 0.12, (ours, theirs)
+    for run in (ours, theirs):
+        assert 0.25 < run["exit1_accuracy"] < 0.5, (ours, theirs)
+        assert run["exit2_accuracy"] < 0.25 and run["exit3_accuracy"] < 0.25, (ours, theirs)
+        assert 0.2 < run["cis_accuracy"] < 0.45, (ours, theirs)

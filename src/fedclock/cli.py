@@ -172,6 +172,7 @@ def _load(
     data_dir: Path | None,
     *,
     grid: bool = False,
+    console: Console | None = None,
 ):
     from fedclock.config import load_config, read_yaml
     from fedclock.errors import ConfigError
@@ -187,7 +188,33 @@ def _load(
                 f"--data-dir {data_dir} is a file; give the folder that holds the data."
             )
         extra.append(f"data.data_dir={data_dir}")
-    return load_config(raw=raw, overrides=extra, grid=grid)  # grid: a comparison's base
+    cfg = load_config(raw=raw, overrides=extra, grid=grid)  # grid: a comparison's base
+    note = _shrunk_schedule(raw, cfg)
+    if note is not None and console is not None:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    return cfg
+
+
+def _shrunk_schedule(raw: dict[str, Any], cfg: Any) -> str | None:
+    """One sentence when ``budget.aggregations`` is below the preset's (or config file's)
+    and a schedule of the strategy spans the budget (CIS: the cosine learning rate, the
+    FLOPS ramp), so it is compressed rather than cut."""
+    given = (raw.get("budget") or {}).get("aggregations")
+    rounds = cfg.budget.aggregations
+    if not isinstance(given, int) or rounds is None or rounds >= given:
+        return None
+    what = []
+    if getattr(cfg.strategy, "lr_schedule", None) == "cosine":
+        what.append(f"the cosine learning rate reaches strategy.lr_min at round {rounds}")
+    ramp = getattr(cfg.strategy, "flops_ramp", True)  # (cis-flops; default true)
+    if ramp and "cis-flops" in {cfg.strategy.name, *cfg.compare.strategies}:
+        what.append(f"cis-flops's ramp ends at round {rounds}")
+    if not what:
+        return None
+    return (
+        f"budget.aggregations={rounds} is shorter than the {given} the config was made for: "
+        f"{' and '.join(what)} (the schedules shrink with the budget)."
+    )
 
 
 class _Bar:
@@ -214,11 +241,15 @@ class _Bar:
         done = {"time": sim.now, "aggregations": ctr.aggregations, "updates": ctr.updates_used}[
             self.unit
         ]
-        acc = sim.history[-1]["test_accuracy"] if sim.history else float("nan")
+        # the run's headline metric: routed CIS accuracy where there is one (early exits on a
+        # cis tree), else the (last exit's) test accuracy
+        last = sim.history[-1] if sim.history else {}
+        key, name = ("cis_accuracy", "cis") if "cis_accuracy" in last else ("test_accuracy", "acc")
+        acc = last.get(key, float("nan"))
         self.progress.update(
             self.task,
             completed=min(done, self.total),
-            status=f"t={sim.now:,.1f}s  agg={ctr.aggregations}  acc={acc:.3f}",
+            status=f"t={sim.now:,.1f}s  agg={ctr.aggregations}  {name}={acc:.3f}",
         )
 
 
@@ -249,6 +280,12 @@ def _summary_table(summary: dict[str, Any], run_dir: Path) -> Table:
     ):  # fmt: skip
         v = summary.get(key)
         t.add_row(key, "—" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v)))
+    for key in ("cis_accuracy", "cis_sigma", "cis_lambda_tilde"):  # CIS: headline, σ, Λ̃
+        v = summary.get(key)
+        if isinstance(v, float):
+            t.add_row(key, f"{v:.4g}")
+        elif isinstance(v, list):
+            t.add_row(key, " / ".join(f"{x:.3g}" for x in v))
     t.caption = f"run directory: {run_dir}"
     return t
 
@@ -319,7 +356,7 @@ def run(
                 )
                 return
         else:
-            cfg = _load(config, preset, set_, data_dir)
+            cfg = _load(config, preset, set_, data_dir, console=console)
             _fresh_run_dir(out, cfg)
         with _progress(console, quiet) as progress:
             result = run_experiment(
@@ -581,7 +618,7 @@ def compare(
         extra = list(set_ or [])
         if target_accuracy is not None:
             extra.append(f"eval.target_accuracy={target_accuracy}")
-        cfg = _load(config, preset, extra, data_dir, grid=True)
+        cfg = _load(config, preset, extra, data_dir, grid=True, console=console)
         names = _strategy_entries(strategies, cfg, ["fedavg", "drop-stragglers"])
         rates = _lr_rates(lr_grid, no_lr_grid, cfg, console)
         seed_list = _seed_list(seeds, cfg)
@@ -672,7 +709,7 @@ def sweep(
 
     console = _console(json_out, quiet)
     with _user_errors():
-        cfg = _load(config, preset, list(set_ or []), data_dir, grid=True)
+        cfg = _load(config, preset, list(set_ or []), data_dir, grid=True, console=console)
         text = over or (cfg.compare.over[0] if cfg.compare.over else None)
         if text is None:
             raise ConfigError(

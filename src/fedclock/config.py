@@ -646,6 +646,33 @@ class _CisOptions(StrategyOptions):
         "over budget.aggregations rounds (the paper), or train.lr throughout",
     )
     lr_min: float = Field(0.001, ge=0, description="the cosine schedule's final rate")
+    local_work: Literal["steps", "epoch-of-largest"] = Field(
+        "steps",
+        description="steps: every node runs train.local_steps (or train.local_epochs of its "
+        "own data); epoch-of-largest: the paper's rule, every node runs the same number of "
+        "steps, those of train.local_epochs (default 1) epochs of the largest node's data",
+    )
+    momentum_state: Literal["task", "node"] | None = Field(
+        None,
+        description="task: momentum starts at zero in each task (Algorithm 1: J SGD steps "
+        "from w); node: each node's momentum buffer persists across its tasks (the authors' "
+        "one optimizer per node); null: task in paper mode, node in reference mode",
+    )
+    p_factor: Literal["divide", "none", "multiply"] | None = Field(
+        None,
+        description="the factor of p_{i,e} in the server update: divide (Algorithm 1), none, "
+        "multiply (the authors' code); null: as the mode",
+    )
+    root_in_place: bool | None = Field(
+        None,
+        description="the root's model is the server's, trained in place, and the others' "
+        "updates are taken against it (the authors' code); null: as the mode",
+    )
+    lower_heads: Literal["aggregate", "root"] | None = Field(
+        None,
+        description="the heads of the exits below the root's: aggregate (Algorithm 1) or "
+        "root (kept as the root has them, the authors' code); null: as the mode",
+    )
 
 
 class CisEqualOptions(_CisOptions):
@@ -952,6 +979,12 @@ class CisConfig(_Section):
         "equal",
         description="share of the training data per exit layer, leaves' first: equal "
         "(1/3 each), biased (14.3/28.6/57.1 %), highly-biased (3.4/19.9/76.7 %), or a list",
+    )
+    also_serving: list[str] = Field(
+        [],
+        description="more 'x-y-z' serving settings at which each evaluation routes the test "
+        "set too: a column cis_accuracy_<x-y-z> each (cis-equal and cis-flops train the same "
+        "whatever the serving rates, so one run gives every column of Table 1)",
     )
 
     @field_validator("serving")

@@ -27,7 +27,7 @@ from fedclock.data.datasets import SEEDED_DATASETS
 from fedclock.data.transforms import authors_normalization, holdout_split
 from fedclock.devices import Population, build_population
 from fedclock.devices.cost import TaskCost
-from fedclock.devices.topology import build_tree
+from fedclock.devices.topology import also_trees, build_tree
 from fedclock.errors import CheckpointError, ConfigError, DivergenceError
 from fedclock.metrics.recorder import CLIENT_LOSS_COLUMNS, RunRecorder, source_digest, summarize
 from fedclock.models import build_model, layer_view, param_bytes
@@ -411,6 +411,7 @@ def run_experiment(
         if isinstance(model, EarlyExitNet):
             evaluator = more = ExitEvaluator(
                 new_model(), ds.x_test, ds.y_test, num_exits=model.num_exits, tree=tree,
+                also=also_trees(cfg.cis, tree),
                 batch_size=cfg.eval.batch_size, device=device,
             )  # fmt: skip
         else:
@@ -508,6 +509,7 @@ def run_experiment(
     with stop_on_sigint(checkpointer):
         try:
             summary, error = _run_and_record(sim, cfg, recorder, run_dir, wall0)
+            summary.update(strategy.summary)  # e.g. cis-balanced's measured σ
         finally:
             close = getattr(executor, "close", None)  # (Ray actors)
             if close is not None:

@@ -199,6 +199,13 @@ def parse_serving(text: str) -> tuple[float, ...]:
     return vals
 
 
+def also_trees(cis: Any, tree: Tree | None) -> dict[str, Tree]:
+    """``cis.also_serving``: label → the tree with rates that serve those shares."""
+    if tree is None:
+        return {}
+    return {s: tree.with_serving(parse_serving(s)) for s in getattr(cis, "also_serving", [])}
+
+
 def build_tree(cis: Any) -> Tree | None:
     """The tree of the config's ``cis`` section (a :class:`fedclock.config.CisConfig`), with
     rates serving ``cis.serving`` when it is given; None when ``cis.tree`` is null."""
@@ -220,4 +227,4 @@ def build_tree(cis: Any) -> Tree | None:
     return tree
 
 
-__all__ = ["SPLITS", "TREES", "Tree", "build_tree", "parse_serving"]
+__all__ = ["SPLITS", "TREES", "Tree", "also_trees", "build_tree", "parse_serving"]

@@ -103,6 +103,9 @@ class Strategy:
     # what the strategy asks of the executor (work shapes, per-client momentum, deadline):
     # run_experiment builds the executor from it and never inspects the parts
     needs: Needs = field(default_factory=Needs)
+    # numbers the strategy measured while it was built (e.g. CIS Balanced Adj's σ), added to
+    # summary.json
+    summary: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # the simulator calls these once per event: bind the parts' methods directly

@@ -15,6 +15,7 @@ The rounds are :class:`~fedclock.strategies.triggers.SyncRounds` over every node
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from fedclock.config import ExperimentConfig
 
 Floats = Sequence[float] | np.ndarray
+log = logging.getLogger(__name__)
 
 STRATEGY_WEIGHTS = {
     "cis-equal": "equal",
@@ -126,6 +128,23 @@ def lambda_tilde(
         assert sigma is not None and tree is not None and sizes is not None
         return balanced_weights(serving, sigma, tree, sizes)
     raise ValueError(f"unknown Λ̃ strategy {kind!r}")
+
+
+def epoch_of_largest(
+    sizes: Floats, batch_size: int, local_steps: int | None, local_epochs: float | None
+) -> int:
+    """J of the paper's local-work rule ("local steps scaled so every node does the same
+    number of updates"; the authors run round(E·|S_root|/|S_i|) epochs of node i's data):
+    every node runs the steps of ``local_epochs`` (default 1) epochs of the largest node's
+    data, ⌊E·⌈max|S_i|/B⌉ + ½⌋ (:func:`local_sgd_plan`'s epoch, the last batch partial)."""
+    if local_steps is not None:
+        raise ConfigError(
+            "strategy.local_work epoch-of-largest sets every node's steps from the largest "
+            "node's data: drop train.local_steps, or set strategy.local_work=steps."
+        )
+    largest = int(max(sizes))
+    return local_sgd_plan(largest, batch_size, local_epochs=local_epochs or 1.0,
+                          local_steps=None).local_steps  # fmt: skip
 
 
 def cosine_lr_scale(t: int, rounds: int | None, lr: float, lr_min: float) -> float:
@@ -220,22 +239,35 @@ class CisAggregator:
 
     with S_{e,p} the data of every node that may train exit e (p_{i,e} > 0); Δ is zero
     outside the part a task trained; Π_W is the identity (W = ℝ^d). Floating-point buffers
-    (BatchNorm statistics) move by the same rule; integer ones are the deepest task's.
+    (BatchNorm statistics) move by the same rule, η_s included; integer ones are the
+    deepest task's.
 
-    ``reference`` (the authors' code, reference-implementations.md §3.4): the root's model is
-    the server's, trained in place; every other node's difference to it is added with
-    weight Λ̃_e·|S_i|/|S_{e,p}|·p_{i,e} (p multiplied), so the root absorbs the leftover
-    weight of each tensor; the heads of the exits below the root's stay as the root has
-    them (its update of them is never overwritten, the others' are dropped).
+    ``reference`` (the authors' code, reference-implementations.md §3.4) is three departures
+    from line 8, each of which can be turned on alone (``p_factor``, ``root_in_place``,
+    ``lower_heads``; None: as the mode):
+
+    - ``p_factor``: Δ_{i,e} divided by p_{i,e} (``divide``, line 8), taken as is (``none``)
+      or multiplied by it (``multiply``, the authors' code);
+    - ``root_in_place``: the root's model is the server's, trained in place; every other
+      node's difference to it, Δ_i − Δ_root, is added with its coefficient, so the root
+      absorbs the leftover weight of each tensor;
+    - ``lower_heads="root"``: the heads of the exits below the root's stay as the root has
+      them (w + Δ_root where the root trained them, w otherwise): the others' updates of
+      them are dropped.
     """
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self, *, tree: Tree, p: np.ndarray, sizes: np.ndarray, weights: Any, server_lr: float,
-        mode: str, head_params: Sequence[Sequence[str]],
+        mode: str, head_params: Sequence[Sequence[str]], p_factor: str | None = None,
+        root_in_place: bool | None = None, lower_heads: str | None = None,
     ) -> None:  # fmt: skip
         self.tree, self.p, self.server_lr, self.mode = tree, p, server_lr, mode
+        ref = mode == "reference"
+        self.p_factor = p_factor or ("multiply" if ref else "divide")
+        self.root_in_place = ref if root_in_place is None else root_in_place
+        self.keep_root_heads = (lower_heads or ("root" if ref else "aggregate")) == "root"
         self.weights = weights  # round → Λ̃ (one per exit)
         self.sizes = np.asarray(sizes, dtype=float)
         # |S_{e,p}|: data of the nodes that may train exit e
@@ -244,11 +276,14 @@ class CisAggregator:
         self.lower_heads = frozenset(n for names in head_params[:-1] for n in names)
 
     def coefficient(self, t: int, client: int, e: int) -> float:
-        """Λ̃_e·|S_i|/|S_{e,p}| divided (paper) or multiplied (reference) by p_{i,e}."""
+        """Λ̃_e·|S_i|/|S_{e,p}| divided by p_{i,e} (line 8), multiplied by it (the authors'
+        code) or neither (``p_factor``)."""
         lam = float(self.weights(t)[e - 1])
         share = lam * self.sizes[client] / self.pool[e - 1]
         p = float(self.p[client, e - 1])
-        return share * p if self.mode == "reference" else share / p
+        if self.p_factor == "multiply":
+            return share * p
+        return share / p if self.p_factor == "divide" else share
 
     def aggregate(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
@@ -260,62 +295,55 @@ class CisAggregator:
             assert isinstance(shape, Exit)
             coef[id(c)] = self.coefficient(t, c.client, shape.exit)
             c.weight = coef[id(c)]
-        if self.mode == "reference":
-            params, buffers = self._reference(base, contributions, coef)
-        else:
-            params, buffers = self._paper(base, contributions, coef)
-        if self.server_lr != 1.0:
-            params = {n: base.params[n] + self.server_lr * (v - base.params[n])
-                      for n, v in params.items()}  # fmt: skip
-        return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
-
-    def _paper(
-        self, base: ModelVersion, contributions: Sequence[Contribution], coef: dict[int, float]
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        params = {}
-        for n, w in base.params.items():
-            acc = w.clone()
-            for c in contributions:
-                if c.covers(n) is not False:
-                    acc.add_(c.delta[n], alpha=coef[id(c)])
-            params[n] = acc
-        return params, self._buffers(base, contributions, coef, reference=False)
-
-    def _reference(
-        self, base: ModelVersion, contributions: Sequence[Contribution], coef: dict[int, float]
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         roots = [c for c in contributions if c.client == self.root]
         root = roots[0] if roots else None
         params = {}
         for n, w in base.params.items():
             d_root = root.delta[n] if root is not None and root.covers(n) is not False else None
-            acc = w.clone() if d_root is None else w + d_root  # the root's model
-            if n not in self.lower_heads:
+            if self.keep_root_heads and n in self.lower_heads:
+                params[n] = w.clone() if d_root is None else w + d_root
+                continue
+            if self.root_in_place:  # the root's model, then the others against it
+                acc = w.clone() if d_root is None else w + d_root
                 for c in contributions:
                     if c is root or c.covers(n) is False:
                         continue
                     diff = c.delta[n] if d_root is None else c.delta[n] - d_root
                     acc.add_(diff, alpha=coef[id(c)])
+            else:  # line 8
+                acc = w.clone()
+                for c in contributions:
+                    if c.covers(n) is not False:
+                        acc.add_(c.delta[n], alpha=coef[id(c)])
             params[n] = acc
-        return params, self._buffers(base, contributions, coef, reference=True)
+        buffers = self._buffers(base, contributions, coef, root)
+        if self.server_lr != 1.0:  # η_s on every parameter and floating-point buffer
+            params = {n: base.params[n] + self.server_lr * (v - base.params[n])
+                      for n, v in params.items()}  # fmt: skip
+            buffers = {
+                n: base.buffers[n] + self.server_lr * (v - base.buffers[n])
+                if v.is_floating_point() else v
+                for n, v in buffers.items()
+            }  # fmt: skip
+        return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
 
     def _buffers(
         self, base: ModelVersion, contributions: Sequence[Contribution], coef: dict[int, float],
-        *, reference: bool,
+        root: Contribution | None,
     ) -> dict[str, torch.Tensor]:  # fmt: skip
         if not base.buffers:
             return {}
         deepest = max(contributions, key=lambda c: c.task.plan.shape.exit, default=None)  # type: ignore[attr-defined]
-        roots = [c for c in contributions if c.client == self.root]
+        in_place = self.root_in_place and root is not None
         out = {}
         for n, b in base.buffers.items():
             if not b.is_floating_point():
                 out[n] = deepest.buffers[n].clone() if deepest is not None else b.clone()
                 continue
-            start = roots[0].buffers[n] if reference and roots else b
+            start = root.buffers[n] if in_place and root is not None else b
             acc = start.clone()
             for c in contributions:
-                if reference and roots and c is roots[0]:
+                if in_place and c is root:
                     continue
                 d = c.buffers[n] - start
                 if bool(d.any()):
@@ -345,6 +373,7 @@ def build_cis(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     serving = tree.serving_rates()
     rounds = cfg.budget.aggregations
     kind = STRATEGY_WEIGHTS[s.name]
+    report: dict[str, Any] = {}
     if kind == "balanced":
         assert isinstance(s, CisBalancedOptions)
         if s.sigma is not None:
@@ -358,6 +387,12 @@ def build_cis(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
             sigma = gradient_variance(model, x[pick], y[pick], exits)
         fixed = balanced_weights(serving, sigma, tree, sizes)
         weights: Any = lambda t: fixed  # noqa: E731
+        report = {"cis_sigma": [float(v) for v in sigma],
+                  "cis_lambda_tilde": [float(v) for v in fixed]}  # fmt: skip
+        log.info("cis-balanced: σ = %s (%s), Λ̃ = %s",
+                 " / ".join(f"{v:.3g}" for v in sigma),
+                 "given" if s.sigma is not None else "measured",
+                 " / ".join(f"{v:.3f}" for v in fixed))  # fmt: skip
     elif kind == "flops":
         assert isinstance(s, CisFlopsOptions)
         ramp_rounds = rounds if s.flops_ramp else None
@@ -371,22 +406,33 @@ def build_cis(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         lr_scale: Any = lambda r: cosine_lr_scale(r, rounds, lr, s.lr_min)  # noqa: E731
     else:
         lr_scale = lambda r: 1.0  # noqa: E731
+    local_epochs, local_steps = cfg.train.local_epochs, cfg.train.local_steps
+    if s.local_work == "epoch-of-largest":
+        local_epochs, local_steps = (
+            None,
+            epoch_of_largest(
+                sizes, cfg.train.batch_size, cfg.train.local_steps, cfg.train.local_epochs
+            ),
+        )
     work = ExitWork(
         tree=tree, p=p, layout=layout, client_sizes=info.client_sizes,
-        batch_size=cfg.train.batch_size, local_epochs=cfg.train.local_epochs,
-        local_steps=cfg.train.local_steps, lr_scale=lr_scale,
+        batch_size=cfg.train.batch_size, local_epochs=local_epochs,
+        local_steps=local_steps, lr_scale=lr_scale,
     )  # fmt: skip
     heads = [
         tuple(n for n in exits.params[e] if n.startswith(f"heads.{e}.")) for e in range(tree.exits)
     ]
     aggregator = CisAggregator(
         tree=tree, p=p, sizes=sizes, weights=weights, server_lr=s.server_lr, mode=s.mode,
-        head_params=heads,
+        head_params=heads, p_factor=s.p_factor, root_in_place=s.root_in_place,
+        lower_heads=s.lower_heads,
     )  # fmt: skip
+    momentum = s.momentum_state or ("node" if s.mode == "reference" else "task")
     return Strategy(
         name=s.name, planner=work, trigger=SyncRounds(work=work), aggregator=aggregator,
         needs=Needs(shapes=frozenset({Exit}), layout=layout,
-                    momentum_per_client=s.mode == "reference", synchronous=True),
+                    momentum_per_client=momentum == "node", synchronous=True),
+        summary=report,
     )  # fmt: skip
 
 
@@ -396,6 +442,7 @@ __all__ = [
     "balanced_weights",
     "build_cis",
     "cosine_lr_scale",
+    "epoch_of_largest",
     "flops_weights",
     "gradient_variance",
     "lambda_tilde",

@@ -211,17 +211,20 @@ class ExitEvaluator:
 
     def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_exits: int,
                  tree: Tree | None = None, batch_size: int = 2048,
-                 device: torch.device | str = "cpu") -> None:  # fmt: skip
+                 device: torch.device | str = "cpu",
+                 also: dict[str, Tree] | None = None) -> None:  # fmt: skip
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.x = x.to(self.device)
         self.y = y.to(self.device)
         self.tree = tree
+        self.also = dict(also or {})  # cis.also_serving: label → tree, routed the same way
         self.batch_size = batch_size
         self.num_exits = num_exits
         self.columns = (
             *(f"exit{e}_accuracy" for e in range(1, num_exits + 1)),
             *(("cis_accuracy",) if tree is not None else ()),
+            *(f"cis_accuracy_{label}" for label in self.also),
         )
         self._cache: tuple[ModelVersion, dict[str, float]] | None = None
 
@@ -247,6 +250,8 @@ class ExitEvaluator:
         out["test_loss"] = loss / n
         if self.tree is not None:
             out["cis_accuracy"] = cis_route(self.tree, ent, hit)[0]
+        for label, other in self.also.items():
+            out[f"cis_accuracy_{label}"] = cis_route(other, ent, hit)[0]
         self._cache = (version, out)
         return out
 
