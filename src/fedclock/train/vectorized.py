@@ -293,7 +293,7 @@ class VectorizedExecutor:
         self._auto: dict[int, int] = {}
         # plain MLPs: a fragment's (sliced) block steps with the gradient written out by
         # hand (train/mlp_grad.py: no vmap, autograd or pytree cost per step)
-        linears = mlp_linears(model) if type(self.loss) is CrossEntropy else None
+        linears = mlp_linears(model) if MlpGrad.applies(model, self.loss) else None
         self._mlp_grad = MlpGrad(linears) if linears is not None else None
         self._block_grad: MlpGrad | None = None  # the running block's, when it uses it
         self._x_rows = self._x.reshape(len(self._x), -1)  # (a view: one row per sample)
