@@ -424,14 +424,19 @@ class VectorizedExecutor:
             ) from None
 
     def _by_hand(self, shape: WorkShape) -> bool:
-        """Whether a block of this shape steps with :class:`MlpGrad`: a plain MLP's sliced
-        submodel trained whole on the run's loss, unscaled (Fed-RAA's neuron fragments)."""
+        """Whether a block of this shape steps with :class:`MlpGrad`: a plain MLP trained
+        whole on the run's loss, unscaled — a sliced submodel (Fed-RAA's neuron fragments)
+        or the full tensors holding only a fragment's elements, zero elsewhere (the
+        authors' element-wise fragments: the step's gradient is the full one, masked after
+        the update as on the vmap path)."""
         if self._mlp_grad is None or shape is FULL:
             return False
         prog = self._program(shape)
+        sliced = prog.views is not None and not prog.masks
+        zero_masked = prog.views is None and bool(prog.masks) and prog.mask_fill == "zero"
         return (
-            prog.views is not None and prog.scale is None and prog.loss is None
-            and not prog.masks and len(prog.trains) == len(self._names)
+            (sliced or zero_masked) and prog.scale is None and prog.loss is None
+            and len(prog.trains) == len(self._names)
         )  # fmt: skip
 
     def _why_serial(self, task: Task) -> str | None:
