@@ -45,15 +45,18 @@ class Evaluator:
         """(accuracy, mean cross-entropy) of ``version`` on this evaluator's data."""
         self.model.eval()
         state = {**version.params, **version.buffers}
-        correct = 0
-        loss = 0.0
+        # sums kept on the device (one host sync per evaluation, not two per batch); the
+        # float64 sum of the float32 batch losses, in order: a Python float's sum
+        correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        loss = torch.zeros((), dtype=torch.float64, device=self.device)
         n = len(self.y)
         for i in range(0, n, self.batch_size):
             xb, yb = self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
             logits = functional_call(self.model, state, (xb,))
-            loss += float(F.cross_entropy(logits, yb, reduction="sum"))
-            correct += int((logits.argmax(1) == yb).sum())
-        return correct / n, loss / n
+            loss += F.cross_entropy(logits, yb, reduction="sum").double()
+            correct += (logits.argmax(1) == yb).sum()
+        got = torch.stack([correct.double(), loss]).tolist()
+        return int(got[0]) / n, got[1] / n
 
     def joint_key(self) -> Hashable | None:
         """Evaluators with equal keys (same data tensors, batch size and stackable layer
@@ -149,8 +152,9 @@ def evaluate_joint(requests: Sequence[tuple[Evaluator, ModelVersion]]) -> list[t
         lead.model.eval()
         states = [{**requests[k][1].params, **requests[k][1].buffers} for k in members]
         layers = _stacked_layers(lead.model.net, states)  # type: ignore[arg-type]
-        correct = [0] * len(members)
-        loss = [0.0] * len(members)
+        dev = lead.device  # per-version sums on the device: one host sync per group
+        correct = torch.zeros(len(members), dtype=torch.int64, device=dev)
+        loss = torch.zeros(len(members), dtype=torch.float64, device=dev)
         n = len(lead.y)
         for i in range(0, n, lead.batch_size):
             xb, yb = lead.x[i : i + lead.batch_size], lead.y[i : i + lead.batch_size]
@@ -158,12 +162,13 @@ def evaluate_joint(requests: Sequence[tuple[Evaluator, ModelVersion]]) -> list[t
             # cross_entropy is nll_loss of log_softmax: both row by row, so taken for the R
             # versions at once they equal each version's own; each sum stays per version
             log_p = torch.log_softmax(logits, -1)
-            hits = (logits.argmax(-1) == yb).sum(1).tolist()
-            for j in range(len(members)):
-                loss[j] += float(F.nll_loss(log_p[j], yb, reduction="sum"))
-                correct[j] += hits[j]
+            correct += (logits.argmax(-1) == yb).sum(1)
+            loss += torch.stack(
+                [F.nll_loss(log_p[j], yb, reduction="sum") for j in range(len(members))]
+            ).double()
+        hits, sums = correct.tolist(), loss.tolist()
         for j, k in enumerate(members):
-            out[k] = (correct[j] / n, loss[j] / n)
+            out[k] = (hits[j] / n, sums[j] / n)
     return [x for x in out if x is not None]
 
 
