@@ -15,9 +15,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## Install, then run the default experiment (digits, FedAvg vs drop-stragglers): table + plot in runs/demo
+## Install, then tour the four methods on digits (SALF, FedBuff/async FedAvg, Fed-RAA, CIS): four tables, their conclusions, runs/demo/report.html
 demo: $(STAMP)
-	$(BIN)/fedclock compare --preset demo --out runs/demo
+	$(BIN)/fedclock tour --out runs/demo
 
 ## Install, then run the fast test suite
 test: $(STAMP)

@@ -1,4 +1,4 @@
-"""The ``fedclock`` command: run, compare, plot, presets."""
+"""The ``fedclock`` command: run, compare, sweep, plot, report, tour, presets."""
 
 from __future__ import annotations
 
@@ -367,6 +367,7 @@ def run(
                 resume=resume is not None,
             )
     console.print(_summary_table(result.summary, result.run_dir))
+    _write_report(console, result.run_dir)
     if json_out:
         from fedclock.metrics.recorder import json_safe
 
@@ -538,6 +539,28 @@ def _runner(
     return CellRunner(backend, jobs, address=address, on_event=on_event, batch_runs=batch_runs)
 
 
+def _write_report(console: Console, folder: Path, seeds: list[int] | None = None) -> Path | None:
+    """Write ``folder/report.html`` after a command and print its path. The results are
+    written already, so a report that cannot be written is a note, not a failure."""
+    from fedclock.report import write_report
+
+    try:
+        path = write_report(folder, seeds=seeds)
+    except (FedclockError, OSError) as exc:
+        console.print(f"[yellow]note:[/] no report written: {exc}", highlight=False, soft_wrap=True)
+        return None
+    except Exception as exc:  # a bug in the report must not turn a finished run into a failure
+        what = f"{type(exc).__name__}: {exc}"
+        console.print(
+            f"[yellow]note:[/] no report written ({what}); `fedclock report {folder}` retries.",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return None
+    console.print(f"report: {path}", highlight=False, soft_wrap=True)
+    return path
+
+
 def _finish_grid(
     console: Console,
     table: Table,
@@ -545,9 +568,13 @@ def _finish_grid(
     rows: list[dict[str, Any]],
     error: str | None,
     json_out: bool,
+    seeds: list[int] | None = None,
 ) -> None:
-    """Print the table, the --json object ({"out", "rows"}) and a cell's error (exit 3)."""
+    """Print the table, write the report, print the --json object ({"out", "rows"}) and a
+    cell's error (exit 3)."""
     console.print(table)
+    if rows:
+        _write_report(console, out_dir, seeds)
     if json_out:
         from fedclock.metrics.recorder import json_safe
 
@@ -555,6 +582,59 @@ def _finish_grid(
     if error:
         Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(3)
+
+
+def _compare_table(
+    cfg: Any, rows: list[dict[str, Any]], names: list[str], seed_list: list[int], out_dir: Path
+) -> Table:
+    """The console table of a comparison (headline metrics, mean ± std over seeds)."""
+    budget = f", budget {cfg.budget.virtual_time:g} virtual s" if cfg.budget.virtual_time else ""
+    spread = " (mean ± std)" if len(seed_list) > 1 else ""
+    table = Table(
+        title=f"{cfg.name}: {len(rows) or len(names)} strategies × {len(seed_list)} seed(s)"
+        f"{budget}{spread}"
+    )
+    target = cfg.eval.target_accuracy
+    cols = [
+        *([("cis_accuracy", "CIS acc", ".3f")] if rows and "cis_accuracy_mean" in rows[0] else []),
+        ("final_test_accuracy", "final acc", ".3f"),
+        ("best_test_accuracy", "best acc", ".3f"),
+        ("time_to_target", f"time to {target:g} (s)" if target else "time to target", ".4g"),
+        ("aggregations", "server steps", ".4g"),
+        ("updates_discarded", "discarded", ".4g"),
+        ("useful_work_ratio", "useful work", ".2f"),
+        ("clients_participated", "clients heard", ".4g"),
+    ]
+    if rows and "federated_loss_tail_mean" in rows[0]:
+        # Fraboni et al.'s problems (eqs. 2 and 10), averaged over the last 10% of the run
+        cols = [
+            ("final_test_accuracy", "final acc", ".3f"),
+            ("federated_loss_tail", "federated loss", ".4g"),
+            ("participation_loss_tail", "particip. loss", ".4g"),
+            ("client_loss_std_tail", "client std", ".3g"),
+            ("aggregations", "server steps", ".4g"),
+            ("mean_staleness", "staleness", ".3g"),
+        ]
+    ids = [
+        k for k in (rows[0] if rows else {})
+        if k not in ("strategy", "n_seeds") and not k.endswith(("_mean", "_std"))
+    ]  # fmt: skip
+    table.add_column("strategy", no_wrap=True)
+    for k in ids:
+        table.add_column(k, justify="right")
+    for _, label, _ in cols:
+        table.add_column(label, justify="right")
+    for r in rows:
+        cells = [str(r[k]) if r[k] != "" else "—" for k in ids]
+        for key, _, fmt in cols:
+            m, s = r.get(f"{key}_mean", math.nan), r.get(f"{key}_std", math.nan)
+            if abs(s) < 1e-9 * max(1.0, abs(m)):
+                s = 0.0  # float noise of equal seeds (1.4e-16)
+            text = "—" if m != m else format(m, fmt)
+            cells.append(text if r["n_seeds"] == 1 or m != m else f"{text} ± {s:.2g}")
+        table.add_row(r["strategy"], *cells)
+    table.caption = f"{out_dir}/table.csv · {out_dir}/table.md · {out_dir}/accuracy.png"
+    return table
 
 
 @app.command()
@@ -630,50 +710,8 @@ def compare(
                 runner=_runner(progress, backend, jobs, address, batch_runs, cfg),
                 **_grid_notes(progress, cfg, out_dir),
             )  # fmt: skip
-    budget = f", budget {cfg.budget.virtual_time:g} virtual s" if cfg.budget.virtual_time else ""
-    spread = " (mean ± std)" if len(seed_list) > 1 else ""
-    table = Table(
-        title=f"{cfg.name}: {len(rows) or len(names)} strategies × {len(seed_list)} seed(s)"
-        f"{budget}{spread}"
-    )
-    target = cfg.eval.target_accuracy
-    cols = [
-        ("final_test_accuracy", "final acc", ".3f"),
-        ("best_test_accuracy", "best acc", ".3f"),
-        ("time_to_target", f"time to {target:g} (s)" if target else "time to target", ".4g"),
-        ("aggregations", "server steps", ".4g"),
-        ("updates_discarded", "discarded", ".4g"),
-        ("useful_work_ratio", "useful work", ".2f"),
-        ("clients_participated", "clients heard", ".4g"),
-    ]
-    if rows and "federated_loss_tail_mean" in rows[0]:
-        # Fraboni et al.'s problems (eqs. 2 and 10), averaged over the last 10% of the run
-        cols = [
-            ("final_test_accuracy", "final acc", ".3f"),
-            ("federated_loss_tail", "federated loss", ".4g"),
-            ("participation_loss_tail", "particip. loss", ".4g"),
-            ("client_loss_std_tail", "client std", ".3g"),
-            ("aggregations", "server steps", ".4g"),
-            ("mean_staleness", "staleness", ".3g"),
-        ]
-    ids = [
-        k for k in (rows[0] if rows else {})
-        if k not in ("strategy", "n_seeds") and not k.endswith(("_mean", "_std"))
-    ]  # fmt: skip
-    table.add_column("strategy", no_wrap=True)
-    for k in ids:
-        table.add_column(k, justify="right")
-    for _, label, _ in cols:
-        table.add_column(label, justify="right")
-    for r in rows:
-        cells = [str(r[k]) if r[k] != "" else "—" for k in ids]
-        for key, _, fmt in cols:
-            m, s = r.get(f"{key}_mean", math.nan), r.get(f"{key}_std", math.nan)
-            text = "—" if m != m else format(m, fmt)
-            cells.append(text if r["n_seeds"] == 1 or m != m else f"{text} ± {s:.2g}")
-        table.add_row(r["strategy"], *cells)
-    table.caption = f"{out_dir}/table.csv · {out_dir}/table.md · {out_dir}/accuracy.png"
-    _finish_grid(console, table, out_dir, rows, error, json_out)
+    table = _compare_table(cfg, rows, names, seed_list, out_dir)
+    _finish_grid(console, table, out_dir, rows, error, json_out, seed_list)
 
 
 @app.command()
@@ -869,6 +907,97 @@ def plot(
         else:
             path = plot_groups(groups, target, metric=metric, y_min=y_min)
     Console().print(f"wrote {path}")
+
+
+@app.command()
+def tour(
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Folder of the tour (a comparison per step).")
+    ] = Path("runs/demo"),
+    jobs: JobsOpt = None,
+    batch_runs: BatchRunsOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """The tour (make demo): four short paired comparisons on digits (SALF, the asynchronous
+    family, Fed-RAA, CIS), each with its table and the conclusion its numbers support, then
+    one report linking all four. Finished runs in --out are reused."""
+    from fedclock.report import write_report
+    from fedclock.runs import run_compare
+    from fedclock.tour import (
+        STEPS,
+        check_tour_folder,
+        conclusions,
+        read_summaries,
+        write_tour_record,
+    )
+
+    console = _console(False, quiet)
+    start = time.perf_counter()
+    steps: list[dict[str, Any]] = []
+    failed = None
+    with _user_errors():
+        check_tour_folder(out)  # before any compute
+        for step in STEPS:
+            cfg = _load(None, step.preset, None, None, grid=True, console=console)
+            names = list(cfg.compare.strategies)
+            seed_list = list(cfg.compare.seeds) or [cfg.seed]
+            out_dir = out / step.folder
+            console.rule(f"[bold]{step.title}[/]  (fedclock compare --preset {step.preset})")
+            with _progress(console, quiet) as progress:
+                rows, error = run_compare(
+                    cfg, names, seed_list, out_dir,
+                    runner=_runner(progress, "local", jobs, None, batch_runs, cfg),
+                    **_grid_notes(progress, cfg, out_dir),
+                )  # fmt: skip
+            console.print(_compare_table(cfg, rows, names, seed_list, out_dir))
+            if error:
+                failed = failed or error
+                Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False)
+            found = read_summaries(out_dir, names, seed_list)
+            claims = conclusions(step, found, cfg.eval.target_accuracy)
+            line = "; ".join(text for text, _ in claims) + "."
+            console.print(f"[bold]conclusion:[/] {line}", highlight=False, soft_wrap=True)
+            _write_report(console, out_dir, seed_list)
+            steps.append(
+                {"folder": step.folder, "preset": step.preset, "title": step.title,
+                 "conclusion": line, "claims": [{"text": t, "supported": ok} for t, ok in claims]}
+            )  # fmt: skip
+        wall = time.perf_counter() - start
+        write_tour_record(out, steps, wall)
+        path = write_report(out)
+    console.rule()
+    console.print(
+        f"The tour took {wall:.0f} s. One report links all four: [bold]{path}[/]",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if failed:
+        raise typer.Exit(3)
+
+
+@app.command()
+def report(
+    folders: Annotated[
+        list[Path],
+        typer.Argument(help="Run, comparison, sweep or tour folders (each gets its report.html)."),
+    ],
+    quiet: QuietOpt = False,
+) -> None:
+    """Write report.html into each folder from what is there (nothing is re-run): one
+    self-contained page that opens offline, with the table, the config and the curves."""
+    from fedclock.report import write_report
+
+    console = _console(False, quiet)
+    with _user_errors():
+        for folder in folders:
+            if not folder.is_dir():
+                from fedclock.errors import DataError
+
+                raise DataError(
+                    f"{folder} is not a folder; give a run, comparison or sweep folder."
+                )
+            path = write_report(folder)
+            console.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
 @app.command()

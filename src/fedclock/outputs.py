@@ -1,7 +1,8 @@
 """Files fedclock writes beside the user's: it never writes over a file it did not make.
 
 - A plot (``.png``) carries ``Software: fedclock …`` in its PNG metadata, so a PNG is
-  fedclock's wherever it lies.
+  fedclock's wherever it lies; a report (``.html``) likewise carries
+  ``<meta name="generator" content="fedclock …">`` in its first kilobyte.
 - A table of a comparison or sweep (``table.csv``, ``table.md``, ``pivot.md``,
   ``lr_grid.csv``) is fedclock's when its SHA-256 is among those that ``grid.json`` in the
   same folder records for that name: it is recorded before the file is written, so a file
@@ -26,8 +27,11 @@ from fedclock.errors import ConfigError
 
 GRID_FILE = "grid.json"
 RUN_FILES = frozenset(
-    {"config.yaml", "meta.json", "metrics.csv", "summary.json", "clients.csv", "checkpoint.pt"}
-)
+    {
+        "config.yaml", "meta.json", "metrics.csv", "summary.json", "clients.csv",
+        "checkpoint.pt", "report.html",
+    }
+)  # fmt: skip
 _PNG = b"\x89PNG\r\n\x1a\n"
 #: the first line of each table as fedclock writes it (folders from before the record)
 _FIRST_LINES = {
@@ -59,6 +63,20 @@ def _is_our_png(path: Path) -> bool:
     except ConfigError:
         return False
     return grid is not None and "files" not in grid and b"tEXtSoftware\x00Matplotlib" in head
+
+
+#: the first kilobyte of every HTML page fedclock writes holds this tag (fedclock.report)
+HTML_GENERATOR = '<meta name="generator" content="fedclock '
+
+
+def is_our_html(path: Path) -> bool:
+    """Whether ``path`` is a page fedclock wrote (its generator tag in the first 1 KB)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(1024)
+    except OSError:
+        return False
+    return HTML_GENERATOR.encode() in head
 
 
 def _digest(data: bytes) -> str:
@@ -106,6 +124,8 @@ def made_by_fedclock(path: Path) -> bool:
     try:
         if path.suffix == ".png":
             return _is_our_png(path)
+        if path.suffix == ".html":  # a report carries fedclock's generator tag
+            return is_our_html(path)
         if path.name == GRID_FILE:
             read_grid_json(path.parent)
             return True

@@ -113,6 +113,8 @@ _NOT_COMPUTE = (
     "runs/sweep.py",
     "runs/parallel.py",
     "metrics/plots.py",
+    "report/__init__.py",
+    "tour.py",
 )
 
 
@@ -122,7 +124,7 @@ def source_digest() -> str:
 
     Stored in meta.json: ``compare``/``sweep`` reuse a finished run only when it was made by
     the same source, so an edit inside a version is never mixed with runs made before it.
-    The CLI, table and plot modules are left out (:data:`_NOT_COMPUTE`).
+    The CLI, table, plot, report and tour modules are left out (:data:`_NOT_COMPUTE`).
     """
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()

@@ -18,7 +18,7 @@ import numpy as np
 #: every file a comparison or sweep writes into its folder (besides runs/)
 GRID_OUTPUTS = (
     "grid.json", "table.csv", "table.md", "pivot.md", "accuracy.png", "losses.png",
-    "sweep.png", "lr_grid.csv", "lr_grid.png",
+    "sweep.png", "lr_grid.csv", "lr_grid.png", "report.html",
 )  # fmt: skip
 
 # summary.json fields that identify a run rather than measure it
