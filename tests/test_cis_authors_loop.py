@@ -118,6 +118,7 @@ def test_aggregation_equals_fedclocks_reference_mode(epsilon: float, exits: dict
     from fedclock.models.shapes import Exit
     from fedclock.sim.types import ModelVersion
     from fedclock.strategies.cis import CisAggregator, lambda_tilde, p_matrix
+    from fedclock.strategies.server import ServerOptimizer
 
     m = _module()
     w, d, nodes = _tree_round(m, exits)
@@ -142,7 +143,7 @@ def test_aggregation_equals_fedclocks_reference_mode(epsilon: float, exits: dict
     np.testing.assert_allclose(fixed, lam)
     agg = CisAggregator(
         tree=tree, p=p_matrix(tree, epsilon, "code"), sizes=np.asarray(sizes, float),
-        weights=lambda t: fixed, server_lr=1.0, mode="reference",
+        weights=lambda t: fixed, server=ServerOptimizer(lr=1.0), mode="reference",
         head_params=[tuple(n for n in names.values() if n.startswith(f"heads.{e}."))
                      for e in range(3)],
     )  # fmt: skip
@@ -195,6 +196,7 @@ def test_paper_aggregation_equals_fedclocks_paper_mode(epsilon: float, exits: di
     from fedclock.models.shapes import Exit
     from fedclock.sim.types import ModelVersion
     from fedclock.strategies.cis import CisAggregator, lambda_tilde, p_matrix
+    from fedclock.strategies.server import ServerOptimizer
 
     m = _module()
     w, d, _ = _tree_round(m, exits)
@@ -220,7 +222,7 @@ def test_paper_aggregation_equals_fedclocks_paper_mode(epsilon: float, exits: di
     fixed = lambda_tilde("serving", serving=tree.serving_rates())
     agg = CisAggregator(
         tree=tree, p=p_matrix(tree, epsilon, "paper"), sizes=np.asarray(sizes, float),
-        weights=lambda t: fixed, server_lr=0.7, mode="paper",
+        weights=lambda t: fixed, server=ServerOptimizer(lr=0.7), mode="paper",
         head_params=[tuple(n for n in names.values() if n.startswith(f"heads.{e}."))
                      for e in range(3)],
     )  # fmt: skip

@@ -39,6 +39,7 @@ from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, TaskPlan
 from fedclock.strategies.base import BuildInfo, Strategy, Work
 from fedclock.strategies.planners import local_sgd_plan
+from fedclock.strategies.server import ServerOptimizer, server_optimizer
 from fedclock.strategies.triggers import SyncRounds
 from fedclock.train.local import Needs
 
@@ -233,14 +234,15 @@ class ExitWork:
 
 # ----------------------------------------------------------------------------- aggregator
 class CisAggregator:
-    """The server update of Algorithm 1 (line 8), η_s = ``server_lr``:
+    """The server update of Algorithm 1 (line 8), η_s = the ``server`` step's rate:
 
         w ← w + η_s · Σ_{(i,e)} Λ̃_e · |S_i| / |S_{e,p}| · Δ_{i,e} / p_{i,e}
 
     with S_{e,p} the data of every node that may train exit e (p_{i,e} > 0); Δ is zero
-    outside the part a task trained; Π_W is the identity (W = ℝ^d). Floating-point buffers
-    (BatchNorm statistics) move by the same rule, η_s included; integer ones are the
-    deepest task's.
+    outside the part a task trained; Π_W is the identity (W = ℝ^d). The sum is the update
+    handed to the ``server`` step (plain SGD: line 8; momentum or Adam: FedAvgM / FedAdam
+    on it). Floating-point buffers (BatchNorm statistics) move by the same rule, η_s
+    included; integer ones are the deepest task's.
 
     ``reference`` (the authors' code, reference-implementations.md §3.4) is three departures
     from line 8, each of which can be turned on alone (``p_factor``, ``root_in_place``,
@@ -256,14 +258,15 @@ class CisAggregator:
       them are dropped.
     """
 
-    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # (its server step is a part)
 
     def __init__(
-        self, *, tree: Tree, p: np.ndarray, sizes: np.ndarray, weights: Any, server_lr: float,
-        mode: str, head_params: Sequence[Sequence[str]], p_factor: str | None = None,
-        root_in_place: bool | None = None, lower_heads: str | None = None,
+        self, *, tree: Tree, p: np.ndarray, sizes: np.ndarray, weights: Any,
+        server: ServerOptimizer, mode: str, head_params: Sequence[Sequence[str]],
+        p_factor: str | None = None, root_in_place: bool | None = None,
+        lower_heads: str | None = None,
     ) -> None:  # fmt: skip
-        self.tree, self.p, self.server_lr, self.mode = tree, p, server_lr, mode
+        self.tree, self.p, self.server, self.mode = tree, p, server, mode
         ref = mode == "reference"
         self.p_factor = p_factor or ("multiply" if ref else "divide")
         self.root_in_place = ref if root_in_place is None else root_in_place
@@ -297,32 +300,31 @@ class CisAggregator:
             c.weight = coef[id(c)]
         roots = [c for c in contributions if c.client == self.root]
         root = roots[0] if roots else None
-        params = {}
+        update = {}
         for n, w in base.params.items():
             d_root = root.delta[n] if root is not None and root.covers(n) is not False else None
-            if self.keep_root_heads and n in self.lower_heads:
-                params[n] = w.clone() if d_root is None else w + d_root
+            if self.keep_root_heads and n in self.lower_heads:  # the root's update, or none
+                update[n] = torch.zeros_like(w) if d_root is None else d_root
                 continue
             if self.root_in_place:  # the root's model, then the others against it
-                acc = w.clone() if d_root is None else w + d_root
+                acc = torch.zeros_like(w) if d_root is None else d_root.clone()
                 for c in contributions:
                     if c is root or c.covers(n) is False:
                         continue
                     diff = c.delta[n] if d_root is None else c.delta[n] - d_root
                     acc.add_(diff, alpha=coef[id(c)])
             else:  # line 8
-                acc = w.clone()
+                acc = torch.zeros_like(w)
                 for c in contributions:
                     if c.covers(n) is not False:
                         acc.add_(c.delta[n], alpha=coef[id(c)])
-            params[n] = acc
+            update[n] = acc
+        params = self.server.step(base.params, update)
         buffers = self._buffers(base, contributions, coef, root)
-        if self.server_lr != 1.0:  # η_s on every parameter and floating-point buffer
-            params = {n: base.params[n] + self.server_lr * (v - base.params[n])
-                      for n, v in params.items()}  # fmt: skip
+        lr = self.server.lr
+        if lr != 1.0:  # η_s on every floating-point buffer
             buffers = {
-                n: base.buffers[n] + self.server_lr * (v - base.buffers[n])
-                if v.is_floating_point() else v
+                n: base.buffers[n] + lr * (v - base.buffers[n]) if v.is_floating_point() else v
                 for n, v in buffers.items()
             }  # fmt: skip
         return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
@@ -423,7 +425,8 @@ def build_cis(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         tuple(n for n in exits.params[e] if n.startswith(f"heads.{e}.")) for e in range(tree.exits)
     ]
     aggregator = CisAggregator(
-        tree=tree, p=p, sizes=sizes, weights=weights, server_lr=s.server_lr, mode=s.mode,
+        tree=tree, p=p, sizes=sizes, weights=weights,
+        server=server_optimizer(s, lr=s.server_lr), mode=s.mode,
         head_params=heads, p_factor=s.p_factor, root_in_place=s.root_in_place,
         lower_heads=s.lower_heads,
     )  # fmt: skip

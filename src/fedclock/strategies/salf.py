@@ -43,6 +43,7 @@ from fedclock.strategies.planners import (
     SuffixWork,
     WidthWork,
 )
+from fedclock.strategies.server import ServerOptimizer, server_optimizer
 from fedclock.train.local import Needs
 
 log = logging.getLogger(__name__)
@@ -131,43 +132,45 @@ def p_exact_deadline(
     return out
 
 
-def salf_layer_update(w: torch.Tensor, deltas: Sequence[torch.Tensor], p: float) -> torch.Tensor:
-    """Eq. 9 for one layer in delta form.
+def salf_layer_delta(w: torch.Tensor, deltas: Sequence[torch.Tensor], p: float) -> torch.Tensor:
+    """Eq. 9 for one layer as the update w̃ − w.
 
     w̃ = w if U^l is empty, else (mean_{U^l}(w + Δ_u) − p·w)/(1 − p) = w + mean_{U^l} Δ_u/(1 − p).
 
     Guard: a p that rounds to 1 (no user is ever expected to reach layer l: the deadline
     scenario's exact p_l without a slowdown, or with one too slow for any draw to matter)
-    means U^l is empty in practice, and this returns w before dividing. Should a user reach
+    means U^l is empty in practice, and this returns 0 before dividing. Should a user reach
     it anyway (a float tie at the depth boundary), 1/(1 − p) would be infinite, so the
     layer takes the plain mean (p treated as 0) instead of dividing by zero.
     """
     if not deltas:
-        return w
+        return torch.zeros_like(w)
     mean = torch.stack(list(deltas)).mean(dim=0)
     if p >= 1.0:
-        return w + mean
-    return w + mean / (1.0 - p)
+        return mean
+    return mean / (1.0 - p)
 
 
-def divide_by_u_update(
+def divide_by_u_delta(
     w: torch.Tensor, deltas: Sequence[torch.Tensor], num_users: int
 ) -> torch.Tensor:
-    """The authors' rule: w + (1/U) Σ Δ_u (users that did not update the tensor count as Δ = 0)."""
+    """The authors' rule as an update: (1/U) Σ Δ_u (users that did not update the tensor
+    count as Δ = 0)."""
     if not deltas:
-        return w
-    return w + torch.stack(list(deltas)).sum(dim=0) / num_users
+        return torch.zeros_like(w)
+    return torch.stack(list(deltas)).sum(dim=0) / num_users
 
 
-def coverage_update(
+def coverage_delta(
     w: torch.Tensor, deltas: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
 ) -> torch.Tensor:
-    """HeteroFL: each element averaged over the clients that hold it; unheld elements unchanged."""
+    """HeteroFL as an update: each element's Δ averaged over the clients that hold it;
+    unheld elements 0."""
     if not deltas:
-        return w
+        return torch.zeros_like(w)
     total = torch.stack(list(deltas)).sum(dim=0)
     count = torch.stack([m.to(w.dtype) for m in masks]).sum(dim=0)
-    return w + torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(w))
+    return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(w))
 
 
 def deadline_depth(durations: Sequence[float], t_max: float) -> int:
@@ -186,17 +189,20 @@ def deadline_depth(durations: Sequence[float], t_max: float) -> int:
 class SalfAggregator:
     """``paper``: eq. 9 per unit with p_l (``p_rule`` exact / eq10 / zero; drop-stragglers,
     vanilla and AsyncFL are the p = 0 case — a plain mean over the users holding the
-    unit). ``reference``: w + (1/U) Σ Δ_u over every tensor (the authors' FedAvg)."""
+    unit). ``reference``: w + (1/U) Σ Δ_u over every tensor (the authors' FedAvg). The
+    update w̃ − w goes through the ``server`` step (default: plain SGD, η = 1, so w̃)."""
 
-    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # (its server step is a part)
 
     def __init__(
-        self, *, mode: str, units: Units, num_users: int, p_values: Sequence[float]
-    ) -> None:
+        self, *, mode: str, units: Units, num_users: int, p_values: Sequence[float],
+        server: ServerOptimizer | None = None,
+    ) -> None:  # fmt: skip
         self.mode = mode
         self.units = units
         self.num_users = num_users
         self.p_values = tuple(p_values)  # p_l for l = 1..L
+        self.server = server or ServerOptimizer()
 
     def aggregate(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
@@ -205,21 +211,22 @@ class SalfAggregator:
         holders = update_sets(depth, self.units.count)  # U^l, l = 1..L (eq. 8), for buffers
         for c in contributions:
             c.weight = 1.0 / len(contributions) if self.mode == "paper" else 1.0 / self.num_users
-        params: Params = {}
+        update: Params = {}
         for name, w in base.params.items():
             deltas = [c.delta[name] for c in contributions]
             if self.mode == "reference":
-                params[name] = divide_by_u_update(w, deltas, self.num_users)
+                update[name] = divide_by_u_delta(w, deltas, self.num_users)
             else:  # the users that sent this unit's tensors (Contribution.coverage): U^l
                 unit = self.units.of_param[name]
                 held = [d for c, d in zip(contributions, deltas, strict=True) if c.covers(name)]
-                params[name] = salf_layer_update(w, held, self.p_values[unit - 1])
+                update[name] = salf_layer_delta(w, held, self.p_values[unit - 1])
+        params = self.server.step(base.params, update)
         buffers: Params = {}
         for name, b in base.buffers.items():
             if self.mode == "reference":
                 vals = [c.buffers[name] for c in contributions]
                 if b.is_floating_point():
-                    buffers[name] = divide_by_u_update(b, [v - b for v in vals], self.num_users)
+                    buffers[name] = b + divide_by_u_delta(b, [v - b for v in vals], self.num_users)
                 else:  # averaged as an integer and truncated, as the authors' code
                     s = sum((v - b for v in vals), torch.zeros_like(b))
                     buffers[name] = b + torch.div(s, self.num_users, rounding_mode="trunc")
@@ -246,14 +253,18 @@ def suffix_depth(shape: object) -> int:
 
 class CoverageAggregator:
     """HeteroFL: each element averaged over the contributions covering it
-    (``Contribution.coverage``, from the work shape's program)."""
+    (``Contribution.coverage``, from the work shape's program); the update goes through
+    the ``server`` step (default: plain SGD, η = 1)."""
 
-    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # (its server step is a part)
+
+    def __init__(self, *, server: ServerOptimizer | None = None) -> None:
+        self.server = server or ServerOptimizer()
 
     def aggregate(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
     ) -> ModelVersion:
-        params: Params = {}
+        update: Params = {}
         for name, w in base.params.items():
             masks = []
             for c in contributions:  # Contribution.coverage: a mask, or the whole tensor
@@ -262,7 +273,8 @@ class CoverageAggregator:
                     got.to(w.device) if isinstance(got, torch.Tensor)
                     else torch.full_like(w, bool(got), dtype=torch.bool)
                 )  # fmt: skip
-            params[name] = coverage_update(w, [c.delta[name] for c in contributions], masks)
+            update[name] = coverage_delta(w, [c.delta[name] for c in contributions], masks)
+        params = self.server.step(base.params, update)
         for c in contributions:
             c.weight = 1.0 / max(1, len(contributions))
         buffers = {k: v.clone() for k, v in base.buffers.items()}
@@ -454,8 +466,9 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
     rounds = SyncRounds(t_max=t_max if keeps_deadline and sc.scenario == "deadline" else None,
                         work=work)  # fmt: skip
     aggregator: Any
+    server = server_optimizer(cfg.strategy, lr=cfg.strategy.server_lr)
     if method == "heterofl":
-        aggregator = CoverageAggregator()
+        aggregator = CoverageAggregator(server=server)
     else:
         rule = sc.p_rule if method == "salf" else "zero"  # the others: a plain mean
         population = info.population
@@ -466,7 +479,9 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
             population = build_population(cfg.population, U, cfg.seed)
         p = p_values(rule, depths, population)
         log.debug("%s p_l (p_rule %s, scenario %s): %s", method, rule, sc.scenario, p)
-        aggregator = SalfAggregator(mode=sc.mode, units=units, num_users=U, p_values=p)
+        aggregator = SalfAggregator(
+            mode=sc.mode, units=units, num_users=U, p_values=p, server=server
+        )
     needs = Needs(
         shapes=frozenset({type(FULL), Suffix, Width}),  # what the work planners dispatch
         layout=layout, suffix_trains_fully=sc.mode == "reference",
