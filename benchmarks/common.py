@@ -164,7 +164,7 @@ def run_fedclock(
     from fedclock.devices.population import Population
     from fedclock.models import layer_view, param_bytes
     from fedclock.sim.simulator import Budget, Simulator
-    from fedclock.strategies import FedAvgAggregator, LocalSGDPlanner, Strategy, SyncRounds
+    from fedclock.strategies import LocalSGDPlanner, Strategy, SyncRounds, Update
     from fedclock.train.evaluate import Evaluator
     from fedclock.train.executor import ClientData, SerialExecutor, snapshot
     from fedclock.train.vectorized import VectorizedExecutor
@@ -183,7 +183,7 @@ def run_fedclock(
         flops_per_sample=sum(lay.fwd_flops + lay.bwd_flops for lay in layers),
         model_bytes=param_bytes(model),
     )  # fmt: skip
-    strategy = Strategy("fedavg", planner, SyncRounds(), FedAvgAggregator())
+    strategy = Strategy("fedavg", planner, SyncRounds(), Update())
     ex: SerialExecutor | VectorizedExecutor
     if executor == "serial":
         ex = SerialExecutor(model, data, seed=seed, lr=setup.lr, device=DEVICE)

@@ -299,7 +299,7 @@ def test_only_salf_divides_by_one_minus_p(method: str) -> None:
     strategy = build_strategy(cfg, info)
     # rounds aggregate a block's updates together: the executor may share the block's memory
     assert strategy.needs.synchronous is (method != "asyncfl")
-    p = strategy.aggregator.p_values  # type: ignore[attr-defined]
+    p = strategy.aggregator.normaliser.p_values  # type: ignore[attr-defined]
     L = len(p)
     assert L == 2
     # every user a straggler (AS4): the exact p_l is eq. 10
@@ -915,17 +915,23 @@ def test_salf_suffix_work_composes_with_a_fedbuff_trigger(tmp_path, monkeypatch)
     from dataclasses import replace as dc_replace
 
     from fedclock.strategies import STRATEGIES, Strategy
+    from fedclock.strategies.aggregators import Update
     from fedclock.strategies.asynchronous import ArrivalBuffer, UpdateTimes
     from fedclock.strategies.planners import PerTask, local_sgd_plan
-    from fedclock.strategies.salf import RatioDepths, SalfAggregator
+    from fedclock.strategies.salf import RatioDepths, salf_update
     from fedclock.train.local import Needs
 
     seen: list[list[tuple[object, dict[str, torch.Tensor]]]] = []
 
-    class Spy(SalfAggregator):
-        def aggregate(self, ctx, base, contributions):
+    def spy(update: Update) -> Update:
+        real = update.aggregate
+
+        def aggregate(ctx, base, contributions):
             seen.append([(c.task.plan.shape, c.delta) for c in contributions])
-            return super().aggregate(ctx, base, contributions)
+            return real(ctx, base, contributions)
+
+        update.aggregate = aggregate  # type: ignore[method-assign]
+        return update
 
     def compose(cfg, info):
         units = build_units(info.model, info.layers, "paper")
@@ -939,7 +945,8 @@ def test_salf_suffix_work_composes_with_a_fedbuff_trigger(tmp_path, monkeypatch)
         return Strategy(
             name="salf-fedbuff", planner=planner,
             trigger=ArrivalBuffer(UpdateTimes("profile", planner), buffer_size=3),
-            aggregator=Spy(mode="paper", units=units, num_users=3, p_values=[0.0] * units.count),
+            aggregator=spy(salf_update(mode="paper", units=units, num_users=3,
+                                       p_values=[0.0] * units.count)),
             needs=Needs(shapes=frozenset({type(FULL), Suffix}), layout=layout),
         )  # fmt: skip
 

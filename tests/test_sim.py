@@ -20,8 +20,8 @@ from fedclock.devices.population import fx_update_times
 from fedclock.experiment import run_experiment
 from fedclock.sim import Context, Contribution, ModelVersion, Simulator, TaskPlan
 from fedclock.sim.simulator import Budget
-from fedclock.strategies import fedavg_weights, local_sgd_plan, select_clients
-from fedclock.strategies.aggregators import FedAvgAggregator
+from fedclock.strategies import client_importance, local_sgd_plan, select_clients
+from fedclock.strategies.aggregators import Importance, Update
 from tests.conftest import tiny_raw
 
 # ------------------------------------------------------------------ cost model
@@ -144,14 +144,14 @@ def test_population_timing_matches_the_cost_model(kind):
 # ------------------------------------------------------------------ math
 
 
-def test_fedavg_weights_hand_computed():
-    assert fedavg_weights([10, 30, 60], "samples") == pytest.approx([0.1, 0.3, 0.6])
-    assert fedavg_weights([10, 30, 60], "uniform") == pytest.approx([1 / 3] * 3)
+def test_client_importance_hand_computed():
+    assert client_importance([10, 30, 60], "samples") == pytest.approx([0.1, 0.3, 0.6])
+    assert client_importance([10, 30, 60], "uniform") == pytest.approx([1 / 3] * 3)
 
 
 @given(st.lists(st.integers(1, 10_000), min_size=1, max_size=50))
-def test_fedavg_weights_sum_to_one(ns):
-    w = fedavg_weights(ns, "samples")
+def test_client_importance_sum_to_one(ns):
+    w = client_importance(ns, "samples")
     assert w.sum() == pytest.approx(1.0)
     assert (w > 0).all()
 
@@ -189,9 +189,9 @@ def _contribution(client: int, n: int, delta: float) -> Contribution:
     )
 
 
-def test_fedavg_aggregator_hand_computed():
+def test_fedavg_update_hand_computed():
     base = ModelVersion(4, {"w": torch.tensor([1.0])})
-    agg = FedAvgAggregator(weights="samples")
+    agg = Update(Importance("samples"))
     new = agg.aggregate(None, base, [_contribution(0, 10, 2.0), _contribution(1, 30, -2.0)])  # type: ignore[arg-type]
     # 1 + 0.25·2 + 0.75·(−2) = 0
     assert new.version == 5

@@ -43,7 +43,7 @@ from fedclock.sim.checkpoint import read as read_checkpoint
 from fedclock.sim.guard import FaultInjector, UpdateGuard
 from fedclock.sim.simulator import Budget, Simulator
 from fedclock.sim.types import ModelVersion
-from fedclock.strategies import BuildInfo, Strategy, build_strategy, fedavg_weights
+from fedclock.strategies import BuildInfo, Strategy, build_strategy, client_importance
 from fedclock.train.evaluate import BestValidation, ClientLossEvaluator, Evaluator, ExitEvaluator
 from fedclock.train.executor import ClientData, snapshot
 from fedclock.train.factory import make_executor, resolve_device
@@ -438,7 +438,7 @@ def run_experiment(
                 new_model(), ds.x_train, ds.y_train, data.indices,
                 batch_size=cfg.eval.batch_size, device=device,
             )  # fmt: skip
-        importance = fedavg_weights(sizes.tolist(), cfg.strategy.weights)
+        importance = client_importance(sizes.tolist(), cfg.strategy.weights)
 
         run_dir = run_dir or default_run_dir(cfg)
         header = checkpoint_header(cfg)

@@ -31,11 +31,11 @@ from fedclock.config import (
     own_fields,
 )
 from fedclock.errors import ConfigError
-from fedclock.strategies.aggregators import FedAvgAggregator, fedavg_weights
+from fedclock.strategies.aggregators import Importance, Update, client_importance
 from fedclock.strategies.asynchronous import (
     ArrivalBuffer,
     FixedPeriod,
-    StepAggregator,
+    StalenessWeighting,
     UpdateTimes,
     WeightRule,
     build_async,
@@ -87,7 +87,7 @@ def _fedavg(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         name="fedavg",
         planner=_local_sgd(cfg, info),
         trigger=SyncRounds(client_fraction=s.client_fraction),
-        aggregator=FedAvgAggregator(weights=s.weights, server=server_optimizer(s, lr=s.server_lr)),
+        aggregator=Update(Importance(s.weights), server=server_optimizer(s, lr=s.server_lr)),
         needs=Needs(synchronous=True),
     )
 
@@ -101,7 +101,7 @@ def _fedprox(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         name="fedprox",
         planner=_local_sgd(cfg, info),
         trigger=SyncRounds(client_fraction=s.client_fraction),
-        aggregator=FedAvgAggregator(weights=s.weights, server=server_optimizer(s, lr=s.server_lr)),
+        aggregator=Update(Importance(s.weights), server=server_optimizer(s, lr=s.server_lr)),
         needs=Needs(synchronous=True, proximal_mu=s.mu),
     )
 
@@ -119,7 +119,7 @@ def _drop_stragglers(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         name="drop-stragglers",
         planner=_local_sgd(cfg, info),
         trigger=SyncRounds(client_fraction=s.client_fraction, t_max=s.t_max),
-        aggregator=FedAvgAggregator(weights=s.weights, server=server_optimizer(s, lr=s.server_lr)),
+        aggregator=Update(Importance(s.weights), server=server_optimizer(s, lr=s.server_lr)),
         needs=Needs(synchronous=True, deadline=s.t_max),
     )
 
@@ -277,18 +277,19 @@ __all__ = [
     "STRATEGIES",
     "ArrivalBuffer",
     "BuildInfo",
-    "FedAvgAggregator",
     "FixedPeriod",
+    "Importance",
     "LocalSGDPlanner",
     "ServerOptimizer",
-    "StepAggregator",
+    "StalenessWeighting",
     "Strategy",
     "StrategySpec",
     "SyncRounds",
+    "Update",
     "UpdateTimes",
     "WeightRule",
     "build_strategy",
-    "fedavg_weights",
+    "client_importance",
     "local_sgd_plan",
     "select_clients",
 ]
