@@ -161,8 +161,11 @@ def run_fedclock(
     setup: FedAvgSetup, executor: str, *, max_batch_clients: int | None = None, seed: int = 0
 ) -> float:
     """FedAvg through fedclock's simulator (SyncRounds + FedAvg + evaluator); s/round."""
+    from types import SimpleNamespace
+
     from fedclock.devices.population import Population
     from fedclock.models import layer_view, param_bytes
+    from fedclock.sim.observers import EvaluationSchedule, Metrics
     from fedclock.sim.simulator import Budget, Simulator
     from fedclock.strategies import LocalSGDPlanner, Strategy, SyncRounds, Update
     from fedclock.train.evaluate import Evaluator
@@ -198,8 +201,9 @@ def run_fedclock(
     times: list[float] = []
     sim = Simulator(
         strategy=strategy, executor=ex, population=population, initial=snapshot(model, 0),
-        client_sizes=data.sizes(), seed=seed, budget=Budget(aggregations=setup.rounds),
-        evaluate=evaluator, on_record=lambda row: times.append(clock()),
+        seed=seed, budget=Budget(aggregations=setup.rounds),
+        observers=[EvaluationSchedule(), Metrics(evaluator),
+                   SimpleNamespace(on_evaluation=lambda sim, row: times.append(clock()))],
     )  # fmt: skip
     sim.run()
     # rows: initial evaluation, one per aggregation, and the final one (same model: skipped)

@@ -20,6 +20,7 @@ from fedclock.errors import ConfigError
 from fedclock.experiment import run_experiment
 from fedclock.metrics.recorder import federated_metrics
 from fedclock.sim import Context, Contribution, ModelVersion, Simulator, TaskPlan
+from fedclock.sim.observers import EvaluationSchedule, Metrics, Progress
 from fedclock.sim.simulator import Budget
 from fedclock.sim.types import Task
 from fedclock.strategies import (
@@ -294,8 +295,8 @@ def _schedule(durations, trigger_factory, t_end):
     n = len(durations)
     sim = Simulator(
         strategy=strategy, executor=_NullExecutor(), population=build_population(cfg.population, n, 0),
-        initial=ModelVersion(0, {}), client_sizes=np.ones(n, dtype=int), seed=0,
-        budget=Budget(virtual_time=t_end), evaluate=lambda v: (0.0, 0.0), eval_every_aggregations=None,
+        initial=ModelVersion(0, {}), seed=0, budget=Budget(virtual_time=t_end),
+        observers=[EvaluationSchedule(None), Metrics(lambda v: (0.0, 0.0))],
     )  # fmt: skip
     sim.run()
     return agg.log, sim
@@ -363,9 +364,11 @@ def _in_flight_trace(durations, trigger, t_end, seed=0):
     trace: list[list[int]] = []
     sim = Simulator(
         strategy=strategy, executor=_NullExecutor(), population=build_population(cfg.population, n, 0),
-        initial=ModelVersion(0, {}), client_sizes=np.ones(n, dtype=int), seed=seed,
-        budget=Budget(virtual_time=t_end), evaluate=lambda v: (0.0, 0.0), eval_every_aggregations=None,
-        on_progress=lambda s: trace.append([t.client for t in s._in_flight.values()]),
+        initial=ModelVersion(0, {}), seed=seed, budget=Budget(virtual_time=t_end),
+        observers=[
+            EvaluationSchedule(None), Metrics(lambda v: (0.0, 0.0)),
+            Progress(lambda s: trace.append([t.client for t in s._in_flight.values()])),
+        ],
     )  # fmt: skip
     sim.run()
     return trace, sim, strategy.aggregator.log  # type: ignore[attr-defined]

@@ -38,6 +38,14 @@ class CrossEntropy:
         return "CrossEntropy()"
 
 
+def model_loss(model: torch.nn.Module) -> Loss:
+    """The loss of a full-model task on ``model``: every exit's of an early-exit network
+    (``MultiExitLoss``), cross-entropy otherwise."""
+    from fedclock.models.early_exit import EarlyExitNet, MultiExitLoss
+
+    return MultiExitLoss() if isinstance(model, EarlyExitNet) else CrossEntropy()
+
+
 @dataclass(frozen=True)
 class LocalTraining:
     """One client's local SGD: torch.optim.SGD's step (dampening 0, no Nesterov) on the
