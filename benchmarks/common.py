@@ -170,6 +170,7 @@ def run_fedclock(
     from fedclock.strategies import LocalSGDPlanner, Strategy, SyncRounds, Update
     from fedclock.train.evaluate import Evaluator
     from fedclock.train.executor import ClientData, SerialExecutor, snapshot
+    from fedclock.train.local import LocalTraining
     from fedclock.train.vectorized import VectorizedExecutor
 
     d = setup.data
@@ -189,10 +190,10 @@ def run_fedclock(
     strategy = Strategy("fedavg", planner, SyncRounds(), Update())
     ex: SerialExecutor | VectorizedExecutor
     if executor == "serial":
-        ex = SerialExecutor(model, data, seed=seed, lr=setup.lr, device=DEVICE)
+        ex = SerialExecutor(model, data, seed=seed, local=LocalTraining(lr=setup.lr), device=DEVICE)
     else:
         ex = VectorizedExecutor(
-            model, data, seed=seed, lr=setup.lr, max_batch_clients=max_batch_clients,
+            model, data, seed=seed, local=LocalTraining(lr=setup.lr), max_batch_clients=max_batch_clients,
             device=DEVICE, delta_views=True,  # as run_experiment sets it for synchronous rounds
         )  # fmt: skip
     evaluator = Evaluator(

@@ -60,6 +60,36 @@ class LocalTraining:
     loss: Loss = field(default_factory=CrossEntropy)
 
 
+def step_direction(
+    local: LocalTraining,
+    grads: list[torch.Tensor],
+    params: list[torch.Tensor],
+    base: list[torch.Tensor] | None,
+    bufs: list[torch.Tensor],
+) -> list[torch.Tensor]:
+    """The direction d of one local step θ ← θ − η·d, written once for every executor path
+    (torch.optim.SGD's, dampening 0, no Nesterov, with the proximal term):
+
+        g = ∇F + λθ + μ(θ − θ_base)     (weight decay λ; FedProx eq. 2's μ, Fed-RAA's ρ)
+        b ← m·b + g,  d = b              (momentum m; ``bufs`` start at 0, so b₁ = g)
+
+    ``bufs`` are updated in place (ignored without momentum); ``base`` is θ_base (``None``:
+    no proximal term)."""
+    with torch.no_grad():
+        g = grads
+        if local.weight_decay:
+            g = list(torch._foreach_add(g, params, alpha=local.weight_decay))
+        if local.proximal_mu and base is not None:
+            pull = torch._foreach_sub(params, base)
+            torch._foreach_mul_(pull, local.proximal_mu)
+            g = list(torch._foreach_add(g, pull))
+        if local.momentum:
+            torch._foreach_mul_(bufs, local.momentum)
+            torch._foreach_add_(bufs, g)
+            return bufs
+        return g
+
+
 @dataclass(frozen=True)
 class Needs:
     """What a strategy asks of the executor; ``make_executor`` picks one that can do it.
