@@ -395,6 +395,12 @@ class FedProxOptions(_RoundOptions):
     mu: float = Field(0.01, ge=0, description="μ of the proximal term (μ/2)‖θ − θ^t‖²")
 
 
+class FedNovaOptions(_RoundOptions):
+    """FedAvg's rounds with FedNova's normalized averaging (Wang et al.)."""
+
+    name: Literal["fednova"] = "fednova"
+
+
 class DropStragglersOptions(_RoundOptions):
     """FedAvg under a deadline; with ``salf.scenario``, SALF's drop-stragglers baseline."""
 
@@ -773,6 +779,7 @@ class AsyncFLOptions(_SalfDepthOptions):
 StrategyOptionsUnion = Annotated[
     FedAvgOptions
     | FedProxOptions
+    | FedNovaOptions
     | DropStragglersOptions
     | AsyncIdenticalOptions
     | AsyncTimeBasedOptions

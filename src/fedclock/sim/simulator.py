@@ -200,10 +200,6 @@ class Context:
         """Abort an in-flight task now: its partial compute counts as wasted."""
         self._sim.cancel(task)
 
-    def discard(self, contribution: Contribution) -> None:
-        """Drop an arrived update: its compute counts as wasted."""
-        self._sim.discard(contribution)
-
     def commit(self, contributions: Sequence[Contribution]) -> ModelVersion:
         """Aggregate ``contributions`` into a new global model (one server step)."""
         return self._sim.commit(contributions)
@@ -364,10 +360,6 @@ class Simulator:
         self.counters.compute_s_spent += done
         self.counters.compute_s_wasted += done
         self.counters.updates_discarded += 1
-
-    def discard(self, contribution: Contribution) -> None:
-        self.counters.updates_discarded += 1
-        self.counters.compute_s_wasted += contribution.task.timing.compute_s
 
     def commit(self, contributions: Sequence[Contribution]) -> ModelVersion:
         guard = self.guard
