@@ -30,7 +30,13 @@ from fedclock.devices import Population, build_population
 from fedclock.devices.cost import TaskCost
 from fedclock.devices.topology import also_trees, build_tree
 from fedclock.errors import CheckpointError, ConfigError, DivergenceError
-from fedclock.metrics.recorder import CLIENT_LOSS_COLUMNS, RunRecorder, source_digest, summarize
+from fedclock.metrics.recorder import (
+    CLIENT_LOSS_COLUMNS,
+    METRIC_COLUMNS,
+    RunRecorder,
+    source_digest,
+    summarize,
+)
 from fedclock.models import build_model, layer_view, param_bytes
 from fedclock.rng import torch_seed
 from fedclock.sim.checkpoint import (
@@ -214,7 +220,9 @@ def _run_and_record(
         history=sim.history, counters=sim.counters,
         wall_s=time.perf_counter() - min(wall0, sim.wall_start), virtual_time=sim.now,
         target_accuracy=cfg.eval.target_accuracy, num_clients=cfg.partition.num_clients,
-        extra_columns=[c for c in recorder.columns if c.startswith(("exit", "cis_"))],
+        # the evaluators' own columns (CIS's exit accuracies), the client losses aside
+        extra_columns=[c for c in recorder.columns[len(METRIC_COLUMNS):]
+                       if c not in CLIENT_LOSS_COLUMNS],
     )  # fmt: skip
     return summary, error
 

@@ -50,6 +50,9 @@ if TYPE_CHECKING:
     from fedclock.devices.population import Population
 
 _ARRIVAL, _TIMER, _EVAL = 0, 1, 2
+# rejected updates in a row after which the guard declares the run diverged: at least this
+# many, and this many per client (every client had several chances)
+REJECTED_STREAK, REJECTED_PER_CLIENT = 1000, 10
 _heappush = heapq.heappush
 
 
@@ -424,7 +427,9 @@ class Simulator:
             self._rejected_streak = 0
             return kept
         self._rejected_streak += len(contributions)
-        if self._rejected_streak >= max(1000, 10 * len(self.population)):
+        if self._rejected_streak >= max(
+            REJECTED_STREAK, REJECTED_PER_CLIENT * len(self.population)
+        ):
             raise DivergenceError(
                 f"The update guard rejected the last {self._rejected_streak} updates "
                 f"in a row (t = {self.now:.4g} s), so the model cannot move; loosen "

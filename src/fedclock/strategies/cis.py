@@ -378,6 +378,41 @@ def cis_update(
 
 
 # ----------------------------------------------------------------------------- builder
+def _lambda_schedule(
+    cfg: ExperimentConfig, info: BuildInfo, tree: Tree, exits: ExitInfo, serving: np.ndarray,
+    sizes: np.ndarray,
+) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """Round t → Λ̃ of the strategy's weighting, and what it measured (summary.json)."""
+    s = cfg.strategy
+    kind = STRATEGY_WEIGHTS[s.name]
+    if kind == "flops":
+        assert isinstance(s, CisFlopsOptions)
+        ramp_rounds = cfg.budget.aggregations if s.flops_ramp else None
+        ratio = exits.flops_ratio
+        return (lambda t: flops_weights(ratio, t, ramp_rounds)), {}
+    if kind != "balanced":
+        fixed = lambda_tilde(kind, serving=serving)
+        return (lambda t: fixed), {}
+    assert isinstance(s, CisBalancedOptions)
+    if s.sigma is not None:
+        sigma = np.asarray(s.sigma)
+    else:
+        if info.train is None:
+            raise ConfigError("cis-balanced needs strategy.sigma or the training data.")
+        x, y = info.train
+        g = torch.Generator().manual_seed(cfg.seed)
+        pick = torch.randperm(len(y), generator=g)[: s.sigma_samples]
+        sigma = gradient_variance(info.model, x[pick], y[pick], exits)
+    balanced = balanced_weights(serving, sigma, tree, sizes)
+    log.info("cis-balanced: σ = %s (%s), Λ̃ = %s",
+             " / ".join(f"{v:.3g}" for v in sigma),
+             "given" if s.sigma is not None else "measured",
+             " / ".join(f"{v:.3f}" for v in balanced))  # fmt: skip
+    report = {"cis_sigma": [float(v) for v in sigma],
+              "cis_lambda_tilde": [float(v) for v in balanced]}  # fmt: skip
+    return (lambda t: balanced), report
+
+
 def build_cis(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     """cis-equal / cis-flops / cis-serving / cis-balanced: Algorithm 1 over the cis tree."""
     s = cfg.strategy
@@ -396,37 +431,9 @@ def build_cis(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     p = p_matrix(tree, s.epsilon, s.p_rule)
     sizes = np.asarray(info.client_sizes, dtype=float)
     serving = tree.serving_rates()
-    rounds = cfg.budget.aggregations
-    kind = STRATEGY_WEIGHTS[s.name]
-    report: dict[str, Any] = {}
-    if kind == "balanced":
-        assert isinstance(s, CisBalancedOptions)
-        if s.sigma is not None:
-            sigma = np.asarray(s.sigma)
-        else:
-            if info.train is None:
-                raise ConfigError("cis-balanced needs strategy.sigma or the training data.")
-            x, y = info.train
-            g = torch.Generator().manual_seed(cfg.seed)
-            pick = torch.randperm(len(y), generator=g)[: s.sigma_samples]
-            sigma = gradient_variance(model, x[pick], y[pick], exits)
-        fixed = balanced_weights(serving, sigma, tree, sizes)
-        weights: Any = lambda t: fixed  # noqa: E731
-        report = {"cis_sigma": [float(v) for v in sigma],
-                  "cis_lambda_tilde": [float(v) for v in fixed]}  # fmt: skip
-        log.info("cis-balanced: σ = %s (%s), Λ̃ = %s",
-                 " / ".join(f"{v:.3g}" for v in sigma),
-                 "given" if s.sigma is not None else "measured",
-                 " / ".join(f"{v:.3f}" for v in fixed))  # fmt: skip
-    elif kind == "flops":
-        assert isinstance(s, CisFlopsOptions)
-        ramp_rounds = rounds if s.flops_ramp else None
-        ratio = exits.flops_ratio
-        weights = lambda t: flops_weights(ratio, t, ramp_rounds)  # noqa: E731
-    else:
-        fixed = lambda_tilde(kind, serving=serving)
-        weights = lambda t: fixed  # noqa: E731
+    weights, report = _lambda_schedule(cfg, info, tree, exits, serving, sizes)
     lr = cfg.train.lr
+    rounds = cfg.budget.aggregations
     if s.lr_schedule == "cosine":
         lr_scale: Any = lambda r: cosine_lr_scale(r, rounds, lr, s.lr_min)  # noqa: E731
     else:

@@ -33,6 +33,9 @@ from fedclock.strategies.weights import Staleness
 
 log = logging.getLogger(__name__)
 
+#: the authors' discount s = 1/(1 + duration/100): its time scale in seconds (spec §2.2)
+DISCOUNT_SECONDS = 100.0
+
 #: the event that increments q(j), a fragment's update count (``strategy.count``)
 COUNT_EVENTS = ("assigned", "completed")
 
@@ -213,25 +216,45 @@ class ShareDiscount:
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
     ) -> np.ndarray:
         return np.array([
-            c.num_samples / self.total / (1.0 + (ctx.now - c.task.t_start) / 100.0)
+            c.num_samples / self.total / (1.0 + (ctx.now - c.task.t_start) / DISCOUNT_SECONDS)
             for c in contributions
         ])  # fmt: skip
 
 
-def build_fedraa(cfg: Any, info: Any) -> Any:
-    """The Fed-RAA strategy: FragmentPlanner × an arrival trigger (a server step per
-    arrival, every client busy) × Algorithm 1's updater (an Update), with the proximal term ρ."""
-    from fedclock.errors import ConfigError
+def _rounds_and_update(s: Any, planner: FragmentPlanner, total_samples: int) -> tuple[Any, Update]:
+    """The trigger and the server update: Sync's rounds of every client with a sample-weighted
+    sum; otherwise a server step per arrival with Alg. 1's mixing, or the authors' share
+    discount (reference mode)."""
     from fedclock.strategies.asynchronous import (
         ArrivalBuffer,
         ConstantWeight,
         StalenessWeighting,
         UpdateTimes,
     )
-    from fedclock.strategies.base import Strategy
-    from fedclock.strategies.planners import local_sgd_plan
     from fedclock.strategies.server import server_optimizer
     from fedclock.strategies.triggers import SyncRounds
+
+    server = server_optimizer(s, lr=1.0)
+    if s.own("sync"):  # the ablation
+        return SyncRounds(work=planner), Update(Importance(s.weights), server=server)
+    trigger = ArrivalBuffer(UpdateTimes("profile", planner), buffer_size=1,
+                            concurrency=s.concurrency)  # fmt: skip
+    if s.mode == "reference":
+        return trigger, Update(ShareDiscount(total_samples), buffers=keep_buffers, server=server)
+    # Alg. 1's updater: θ^j ← (1 − α_t)·θ^j + α_t·θ^j_new, α_t = α·s(staleness)
+    staleness = Staleness(
+        kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
+    )
+    return trigger, Update(StalenessWeighting(ConstantWeight(s.alpha), staleness), target=mix,
+                           buffers=keep_buffers, server=server)  # fmt: skip
+
+
+def build_fedraa(cfg: Any, info: Any) -> Any:
+    """The Fed-RAA strategy: FragmentPlanner × an arrival trigger (a server step per
+    arrival, every client busy) × Algorithm 1's updater (an Update), with the proximal term ρ."""
+    from fedclock.errors import ConfigError
+    from fedclock.strategies.base import Strategy
+    from fedclock.strategies.planners import local_sgd_plan
     from fedclock.train.local import Needs
 
     s = cfg.strategy
@@ -277,27 +300,9 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
         full_plans=full_plans, layout=layout, ratios=ratios, costs=costs, k=k,
         scheduler=s.own("scheduler"), count=s.count, reference=reference,
     )  # fmt: skip
-    staleness = Staleness(
-        kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
+    trigger, aggregator = _rounds_and_update(
+        s, planner, int(sum(int(n) for n in info.client_sizes))
     )
-    server = server_optimizer(s, lr=1.0)
-    aggregator: Any
-    trigger: Any
-    if s.own("sync"):  # the ablation: rounds of every client, a sample-weighted sum
-        trigger = SyncRounds(work=planner)
-        aggregator = Update(Importance(s.weights), server=server)
-    else:
-        trigger = ArrivalBuffer(
-            UpdateTimes("profile", planner), buffer_size=1, concurrency=s.concurrency
-        )
-        if reference:
-            total = int(sum(int(n) for n in info.client_sizes))
-            aggregator = Update(ShareDiscount(total), buffers=keep_buffers, server=server)
-        else:  # Alg. 1's updater: θ^j ← (1 − α_t)·θ^j + α_t·θ^j_new, α_t = α·s(staleness)
-            aggregator = Update(
-                StalenessWeighting(ConstantWeight(s.alpha), staleness), target=mix,
-                buffers=keep_buffers, server=server,
-            )  # fmt: skip
     # the authors' code has no proximal term
     needs = Needs(
         shapes=frozenset({Fragment}), layout=layout, proximal_mu=0.0 if reference else s.rho

@@ -435,15 +435,9 @@ WORK: dict[str, tuple[type[StragglerWork], bool]] = {
 }
 
 
-def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
-    """The Strategy for ``method`` under ``cfg.salf`` (scenario, mode, p_rule): synchronous
-    rounds over every user (:class:`SyncRounds`) × the method's work from the scenario's
-    depth source × eq. 9 (the authors' divide-by-U in reference mode; HeteroFL's per-element
-    coverage average)."""
+def _check(cfg: Any, info: Any, method: str) -> None:
+    """One sentence for a config the SALF family cannot run."""
     from fedclock.errors import ConfigError
-    from fedclock.strategies.base import Strategy
-    from fedclock.strategies.planners import local_sgd_plan
-    from fedclock.strategies.triggers import SyncRounds
 
     sc = cfg.salf
     if sc.scenario is None:
@@ -451,7 +445,7 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
             f"Strategy '{method}' needs salf.scenario: 'ratio' (population.straggler_ratio) "
             "or 'deadline' (strategy.t_max)."
         )
-    t_max = getattr(cfg.strategy, "t_max", None)  # vanilla's options have none: no deadline
+    t_max = getattr(cfg.strategy, "t_max", None)
     if sc.scenario == "deadline" and t_max is None and method != "vanilla":
         raise ConfigError("salf.scenario 'deadline' needs a deadline: set strategy.t_max.")
     if info.model is None:
@@ -465,6 +459,20 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
             "salf.mode 'reference' under a deadline needs salf.charge: suffix (the authors' "
             "code trains the full step, so with charge 'work' no partial depth could fit)."
         )
+
+
+def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
+    """The Strategy for ``method`` under ``cfg.salf`` (scenario, mode, p_rule): synchronous
+    rounds over every user (:class:`SyncRounds`) × the method's work from the scenario's
+    depth source × eq. 9 (the authors' divide-by-U in reference mode; HeteroFL's per-element
+    coverage average)."""
+    from fedclock.strategies.base import Strategy
+    from fedclock.strategies.planners import local_sgd_plan
+    from fedclock.strategies.triggers import SyncRounds
+
+    sc = cfg.salf
+    _check(cfg, info, method)
+    t_max = getattr(cfg.strategy, "t_max", None)  # vanilla's options have none: no deadline
     units = build_units(info.model, info.layers, sc.mode)
     sizes = info.client_sizes
     U = len(sizes)

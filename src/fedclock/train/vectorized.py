@@ -502,6 +502,9 @@ class VectorizedExecutor:
                     rows[j, s, : len(local)] = idx[j][local]
         return rows
 
+    # (over 80 lines: one block's setup — rows, stacked parameters, frozen tensors,
+    # BatchNorm statistics, momentum — in the order the hot loop needs them; each part
+    # reads the ones before)
     def _run_block(
         self, tasks: Sequence[Task], owners: Sequence[VectorizedExecutor] | None = None
     ) -> list[Contribution]:
