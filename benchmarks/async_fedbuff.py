@@ -4,7 +4,7 @@
 ``strategy.name: fedbuff`` does (:func:`fedclock.strategies.asynchronous.build_async`):
 the :class:`ArrivalBuffer` trigger (a server step every ``buffer_size`` arrivals; with a
 ``concurrency`` C, C clients train at a time, FLSim-style) and the eq. 6
-:class:`StepAggregator` with FedBuff's d_i = 1/m.
+:class:`Update` with FedBuff's d_i = 1/m.
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ import numpy as np
 
 from fedclock.sim.types import Contribution, Task
 from fedclock.strategies import Strategy
-from fedclock.strategies.asynchronous import ArrivalBuffer, StepAggregator, UpdateTimes, WeightRule
+from fedclock.strategies.aggregators import Update, step_buffers
+from fedclock.strategies.asynchronous import (
+    ArrivalBuffer,
+    StalenessWeighting,
+    UpdateTimes,
+    WeightRule,
+)
 from fedclock.strategies.base import Planner
 
 
@@ -28,7 +34,9 @@ def fedbuff(
     weights = WeightRule(
         "fedbuff", importance=np.full(clients, 1.0 / clients), times=times, buffer_size=buffer_size
     )
-    return Strategy("fedbuff", planner, trigger, StepAggregator(weights))
+    return Strategy(
+        "fedbuff", planner, trigger, Update(StalenessWeighting(weights), buffers=step_buffers)
+    )
 
 
 class NoopExecutor:

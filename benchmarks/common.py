@@ -161,12 +161,16 @@ def run_fedclock(
     setup: FedAvgSetup, executor: str, *, max_batch_clients: int | None = None, seed: int = 0
 ) -> float:
     """FedAvg through fedclock's simulator (SyncRounds + FedAvg + evaluator); s/round."""
+    from types import SimpleNamespace
+
     from fedclock.devices.population import Population
     from fedclock.models import layer_view, param_bytes
+    from fedclock.sim.observers import EvaluationSchedule, Metrics
     from fedclock.sim.simulator import Budget, Simulator
-    from fedclock.strategies import FedAvgAggregator, LocalSGDPlanner, Strategy, SyncRounds
+    from fedclock.strategies import LocalSGDPlanner, Strategy, SyncRounds, Update
     from fedclock.train.evaluate import Evaluator
     from fedclock.train.executor import ClientData, SerialExecutor, snapshot
+    from fedclock.train.local import LocalTraining
     from fedclock.train.vectorized import VectorizedExecutor
 
     d = setup.data
@@ -183,13 +187,13 @@ def run_fedclock(
         flops_per_sample=sum(lay.fwd_flops + lay.bwd_flops for lay in layers),
         model_bytes=param_bytes(model),
     )  # fmt: skip
-    strategy = Strategy("fedavg", planner, SyncRounds(), FedAvgAggregator())
+    strategy = Strategy("fedavg", planner, SyncRounds(), Update())
     ex: SerialExecutor | VectorizedExecutor
     if executor == "serial":
-        ex = SerialExecutor(model, data, seed=seed, lr=setup.lr, device=DEVICE)
+        ex = SerialExecutor(model, data, seed=seed, local=LocalTraining(lr=setup.lr), device=DEVICE)
     else:
         ex = VectorizedExecutor(
-            model, data, seed=seed, lr=setup.lr, max_batch_clients=max_batch_clients,
+            model, data, seed=seed, local=LocalTraining(lr=setup.lr), max_batch_clients=max_batch_clients,
             device=DEVICE, delta_views=True,  # as run_experiment sets it for synchronous rounds
         )  # fmt: skip
     evaluator = Evaluator(
@@ -198,8 +202,9 @@ def run_fedclock(
     times: list[float] = []
     sim = Simulator(
         strategy=strategy, executor=ex, population=population, initial=snapshot(model, 0),
-        client_sizes=data.sizes(), seed=seed, budget=Budget(aggregations=setup.rounds),
-        evaluate=evaluator, on_record=lambda row: times.append(clock()),
+        seed=seed, budget=Budget(aggregations=setup.rounds),
+        observers=[EvaluationSchedule(), Metrics(evaluator),
+                   SimpleNamespace(on_evaluation=lambda sim, row: times.append(clock()))],
     )  # fmt: skip
     sim.run()
     # rows: initial evaluation, one per aggregation, and the final one (same model: skipped)

@@ -24,6 +24,7 @@ from benchmarks import common
 from benchmarks.async_fedbuff import NoopExecutor, fedbuff
 from benchmarks.common import interleaved, machine, median
 from fedclock.devices.population import Population
+from fedclock.sim.observers import EvaluationSchedule, Metrics
 from fedclock.sim.simulator import Budget, Simulator
 from fedclock.sim.types import ModelVersion
 from fedclock.strategies import LocalSGDPlanner
@@ -51,8 +52,8 @@ def events_per_s(
     strategy = fedbuff(planner, clients=clients, buffer_size=10, concurrency=concurrency)
     sim = Simulator(
         strategy=strategy, executor=NoopExecutor(), population=population(clients, slowdown),
-        initial=ModelVersion(0, {}), client_sizes=sizes, seed=0, budget=Budget(updates=events),
-        evaluate=lambda v: (0.0, 0.0), eval_every_aggregations=None,
+        initial=ModelVersion(0, {}), seed=0, budget=Budget(updates=events),
+        observers=[EvaluationSchedule(None), Metrics(lambda v: (0.0, 0.0))],
     )  # fmt: skip
     t0 = common.clock()
     sim.run()

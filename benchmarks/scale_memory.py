@@ -53,6 +53,7 @@ def child(
     from benchmarks.async_fedbuff import fedbuff
     from fedclock.devices.population import Population
     from fedclock.models import build_model, layer_view, param_bytes
+    from fedclock.sim.observers import EvaluationSchedule, Metrics
     from fedclock.sim.simulator import Budget, Simulator
     from fedclock.strategies import LocalSGDPlanner
     from fedclock.train.evaluate import Evaluator
@@ -88,8 +89,8 @@ def child(
     before = _current_rss_mb()
     sim = Simulator(
         strategy=strategy, executor=executor, population=pop, initial=snapshot(model, 0),
-        client_sizes=sizes, seed=0, budget=Budget(updates=updates), evaluate=evaluator,
-        eval_every_aggregations=None,
+        seed=0, budget=Budget(updates=updates),
+        observers=[EvaluationSchedule(None), Metrics(evaluator)],
     )  # fmt: skip
     t0 = time.perf_counter()
     sim.run()

@@ -20,18 +20,20 @@ from fedclock.errors import ConfigError
 from fedclock.experiment import run_experiment
 from fedclock.metrics.recorder import federated_metrics
 from fedclock.sim import Context, Contribution, ModelVersion, Simulator, TaskPlan
+from fedclock.sim.observers import EvaluationSchedule, Metrics, Progress
 from fedclock.sim.simulator import Budget
 from fedclock.sim.types import Task
 from fedclock.strategies import (
     STRATEGIES,
     ArrivalBuffer,
     FixedPeriod,
-    StepAggregator,
     Strategy,
+    Update,
     UpdateTimes,
     WeightRule,
 )
-from fedclock.strategies.asynchronous import ConstantWeight
+from fedclock.strategies.aggregators import mix
+from fedclock.strategies.asynchronous import ConstantWeight, StalenessWeighting
 from fedclock.strategies.server import ServerOptimizer
 from fedclock.strategies.weights import (
     Staleness,
@@ -134,10 +136,10 @@ def _contribution(client: int, delta: float, base: ModelVersion | None = None) -
     )
 
 
-def test_step_aggregator_applies_eq6_with_stale_deltas():
+def test_async_update_applies_eq6_with_stale_deltas():
     old = ModelVersion(2, {"w": torch.tensor([0.0])})
     base = ModelVersion(4, {"w": torch.tensor([1.0])})
-    agg = StepAggregator(ConstantWeight(0.5), server=ServerOptimizer(lr=2.0))
+    agg = Update(StalenessWeighting(ConstantWeight(0.5)), server=ServerOptimizer(lr=2.0))
     cs = [_contribution(0, 2.0, old), _contribution(1, -1.0, base)]
     new = agg.aggregate(None, base, cs)  # type: ignore[arg-type]
     # 1 + 2 · (0.5·2 + 0.5·(−1)) = 2 — the stale Δ is added as it is
@@ -146,15 +148,15 @@ def test_step_aggregator_applies_eq6_with_stale_deltas():
     assert agg.aggregate(None, base, []) is base  # type: ignore[arg-type]
 
 
-def test_step_aggregator_staleness_weight_and_momentum():
+def test_async_update_staleness_weight_and_momentum():
     old = ModelVersion(1, {"w": torch.tensor([0.0])})
     base = ModelVersion(4, {"w": torch.tensor([0.0])})
-    agg = StepAggregator(ConstantWeight(1.0), staleness=Staleness("polynomial", a=0.5))
+    agg = Update(StalenessWeighting(ConstantWeight(1.0), Staleness("polynomial", a=0.5)))
     c = _contribution(0, 2.0, old)
     new = agg.aggregate(None, base, [c])  # type: ignore[arg-type]
     assert c.weight == pytest.approx(0.5)  # staleness 3: (1+3)^-0.5
     assert new.params["w"].item() == pytest.approx(1.0)
-    mom = StepAggregator(ConstantWeight(1.0), server=ServerOptimizer(momentum=0.5))
+    mom = Update(StalenessWeighting(ConstantWeight(1.0)), server=ServerOptimizer(momentum=0.5))
     v1 = mom.aggregate(None, base, [_contribution(0, 1.0, base)])  # type: ignore[arg-type]
     v2 = mom.aggregate(None, v1, [_contribution(0, 1.0, v1)])  # type: ignore[arg-type]
     assert v1.params["w"].item() == pytest.approx(1.0)
@@ -203,12 +205,14 @@ def test_fedasync_mixing_hand_computed():
     old = ModelVersion(3, {"w": torch.tensor([0.0])})
     cur = ModelVersion(5, {"w": torch.tensor([1.0])})
     # client trained θ_base = 0 into θ_new = 4;  θ ← 0.5·1 + 0.5·4
-    agg = StepAggregator(ConstantWeight(0.5), mix=True)
+    agg = Update(StalenessWeighting(ConstantWeight(0.5)), target=mix)
     c = _contribution(0, 4.0, old)
     assert agg.aggregate(None, cur, [c]).params["w"].item() == 2.5  # type: ignore[arg-type]
     assert c.weight == 0.5  # constant s: α_t = α
     # α_t = α · s(t − τ) (Xie et al.): staleness 2 with (1+x)^-1 gives 0.5/3;  1 + (4 − 1)/6
-    agg = StepAggregator(ConstantWeight(0.5), mix=True, staleness=Staleness("polynomial", a=1.0))
+    agg = Update(
+        StalenessWeighting(ConstantWeight(0.5), Staleness("polynomial", a=1.0)), target=mix
+    )
     c = _contribution(0, 4.0, old)
     new = agg.aggregate(None, cur, [c])  # type: ignore[arg-type]
     assert c.weight == pytest.approx(0.5 / 3, rel=4 * np.finfo(np.float64).eps)
@@ -268,9 +272,9 @@ class _NullExecutor:
         ]
 
 
-class _LoggingAggregator(StepAggregator):
+class _LoggingAggregator(Update):
     def __init__(self) -> None:
-        super().__init__(ConstantWeight(1.0))
+        super().__init__(StalenessWeighting(ConstantWeight(1.0)))
         self.log: list[tuple[float, int, list[tuple[int, int]]]] = []
 
     def aggregate(self, ctx, base, contributions):
@@ -291,8 +295,8 @@ def _schedule(durations, trigger_factory, t_end):
     n = len(durations)
     sim = Simulator(
         strategy=strategy, executor=_NullExecutor(), population=build_population(cfg.population, n, 0),
-        initial=ModelVersion(0, {}), client_sizes=np.ones(n, dtype=int), seed=0,
-        budget=Budget(virtual_time=t_end), evaluate=lambda v: (0.0, 0.0), eval_every_aggregations=None,
+        initial=ModelVersion(0, {}), seed=0, budget=Budget(virtual_time=t_end),
+        observers=[EvaluationSchedule(None), Metrics(lambda v: (0.0, 0.0))],
     )  # fmt: skip
     sim.run()
     return agg.log, sim
@@ -360,9 +364,11 @@ def _in_flight_trace(durations, trigger, t_end, seed=0):
     trace: list[list[int]] = []
     sim = Simulator(
         strategy=strategy, executor=_NullExecutor(), population=build_population(cfg.population, n, 0),
-        initial=ModelVersion(0, {}), client_sizes=np.ones(n, dtype=int), seed=seed,
-        budget=Budget(virtual_time=t_end), evaluate=lambda v: (0.0, 0.0), eval_every_aggregations=None,
-        on_progress=lambda s: trace.append([t.client for t in s._in_flight.values()]),
+        initial=ModelVersion(0, {}), seed=seed, budget=Budget(virtual_time=t_end),
+        observers=[
+            EvaluationSchedule(None), Metrics(lambda v: (0.0, 0.0)),
+            Progress(lambda s: trace.append([t.client for t in s._in_flight.values()])),
+        ],
     )  # fmt: skip
     sim.run()
     return trace, sim, strategy.aggregator.log  # type: ignore[attr-defined]

@@ -202,7 +202,8 @@ _STATIC = {
     "Population", "Layout", "Units", "Program", "Scale", "ClientData", "Context", "Evaluator",
     "ClientLossEvaluator", "UpdateGuard", "FaultInjector", "Needs", "LocalTraining", "Staleness",
     "BuildInfo", "Counters", "Work", "Budget", "Classifier", "CrossEntropy",
-    "EarlyExitNet", "ExitInfo", "ExitLoss", "MultiExitLoss", "Tree",
+    "EarlyExitNet", "ExitInfo", "ExitLoss", "MultiExitLoss", "Tree", "RunRecorder", "Progress",
+    "Checkpointer",
 }  # fmt: skip
 
 

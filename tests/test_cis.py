@@ -20,14 +20,15 @@ from fedclock.models.early_exit import ExitLoss, MultiExitLoss, ee_cnn, exit_vie
 from fedclock.models.shapes import Exit, Layout, build_units
 from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
 from fedclock.strategies.cis import (
-    CisAggregator,
     balanced_weights,
+    cis_update,
     cosine_lr_scale,
     flops_weights,
     gradient_variance,
     lambda_tilde,
     p_matrix,
 )
+from fedclock.strategies.server import ServerOptimizer
 from fedclock.train.evaluate import cis_route
 from tests.conftest import tiny_raw
 
@@ -184,20 +185,20 @@ def test_server_update_two_nodes_hand_computed() -> None:
     root = _contribution(0, 2, 2, {"trunk": 2 * one, "head1": z, "head2": 3 * one}, base)
     leaf = _contribution(1, 1, 1, {"trunk": 4 * one, "head1": 5 * one, "head2": z}, base)
     kw = {"tree": tree, "p": p, "sizes": np.array([30.0, 10.0]),
-          "weights": lambda t: np.array([0.75, 0.25]), "server_lr": 1.0,
+          "weights": lambda t: np.array([0.75, 0.25]), "server": ServerOptimizer(lr=1.0),
           "head_params": [("head1",), ("head2",)]}  # fmt: skip
-    new = CisAggregator(mode="paper", **kw).aggregate(None, base, [root, leaf])  # type: ignore[arg-type]
+    new = cis_update(mode="paper", **kw).aggregate(None, base, [root, leaf])  # type: ignore[arg-type]
     assert new.version == 1
     torch.testing.assert_close(new.params["trunk"], 2.75 * one)
     torch.testing.assert_close(new.params["head2"], 2.5 * one)
     torch.testing.assert_close(new.params["head1"], 1.9375 * one)
     assert root.weight == pytest.approx(0.5) and leaf.weight == pytest.approx(0.1875)
-    ref = CisAggregator(mode="reference", **kw).aggregate(None, base, [root, leaf])  # type: ignore[arg-type]
+    ref = cis_update(mode="reference", **kw).aggregate(None, base, [root, leaf])  # type: ignore[arg-type]
     torch.testing.assert_close(ref.params["trunk"], 3.375 * one)
     torch.testing.assert_close(ref.params["head2"], 4.0 * one)
     torch.testing.assert_close(ref.params["head1"], 1.0 * one)
     # η_s scales the step
-    half = CisAggregator(mode="paper", **{**kw, "server_lr": 0.5}).aggregate(
+    half = cis_update(mode="paper", **{**kw, "server": ServerOptimizer(lr=0.5)}).aggregate(
         None, base, [root, leaf]
     )  # type: ignore[arg-type]
     torch.testing.assert_close(half.params["trunk"], 1.875 * one)
@@ -505,7 +506,7 @@ def _two_nodes() -> tuple[dict, ModelVersion, list, torch.Tensor]:
     leaf = _contribution(1, 1, 1, {"trunk": 4 * one, "head1": 5 * one, "head2": z}, base,
                          {"bn": 2 * one, "count": torch.tensor(5)})  # fmt: skip
     kw = {"tree": tree, "p": p_matrix(tree, 0.5), "sizes": np.array([30.0, 10.0]),
-          "weights": lambda t: np.array([0.75, 0.25]), "server_lr": 1.0,
+          "weights": lambda t: np.array([0.75, 0.25]), "server": ServerOptimizer(lr=1.0),
           "head_params": [("head1",), ("head2",)]}  # fmt: skip
     return kw, base, [root, leaf], one
 
@@ -526,7 +527,7 @@ def test_each_reference_departure_alone(switch: dict, trunk: float, head2: float
                                         head1: float) -> None:  # fmt: skip
     """Paper mode with one of the authors' departures turned on (hand-computed)."""
     kw, base, contribs, one = _two_nodes()
-    new = CisAggregator(mode="paper", **kw, **switch).aggregate(None, base, contribs)  # type: ignore[arg-type]
+    new = cis_update(mode="paper", **kw, **switch).aggregate(None, base, contribs)  # type: ignore[arg-type]
     torch.testing.assert_close(new.params["trunk"], trunk * one)
     torch.testing.assert_close(new.params["head2"], head2 * one)
     torch.testing.assert_close(new.params["head1"], head1 * one)
@@ -552,19 +553,19 @@ def test_reference_mode_is_the_three_departures_together() -> None:
         bufs = {"bn": base.buffers["bn"] + torch.randn(3, generator=g, dtype=torch.float64)}
         contribs.append(Contribution(task, delta, bufs, 1, 0.0, coverage=cover))
     kw = {"tree": tree, "p": p, "sizes": np.array([20.0, 10, 10, 5, 5, 5, 5]),
-          "weights": lambda t: np.array([0.8, 0.15, 0.05]), "server_lr": 0.7,
+          "weights": lambda t: np.array([0.8, 0.15, 0.05]), "server": ServerOptimizer(lr=0.7),
           "head_params": [("heads.0",), ("heads.1",), ("heads.2",)]}  # fmt: skip
     three = {"p_factor": "multiply", "root_in_place": True, "lower_heads": "root"}
     back = {"p_factor": "divide", "root_in_place": False, "lower_heads": "aggregate"}
     for a, b in (({"mode": "reference"}, {"mode": "paper", **three}),
                  ({"mode": "paper"}, {"mode": "reference", **back})):  # fmt: skip
-        x = CisAggregator(**kw, **a).aggregate(None, base, contribs)  # type: ignore[arg-type]
-        y = CisAggregator(**kw, **b).aggregate(None, base, contribs)  # type: ignore[arg-type]
+        x = cis_update(**kw, **a).aggregate(None, base, contribs)  # type: ignore[arg-type]
+        y = cis_update(**kw, **b).aggregate(None, base, contribs)  # type: ignore[arg-type]
         for n in names:
             torch.testing.assert_close(x.params[n], y.params[n], rtol=0, atol=0)
         torch.testing.assert_close(x.buffers["bn"], y.buffers["bn"], rtol=0, atol=0)
-    ref = CisAggregator(**kw, mode="reference").aggregate(None, base, contribs)  # type: ignore[arg-type]
-    pap = CisAggregator(**kw, mode="paper").aggregate(None, base, contribs)  # type: ignore[arg-type]
+    ref = cis_update(**kw, mode="reference").aggregate(None, base, contribs)  # type: ignore[arg-type]
+    pap = cis_update(**kw, mode="paper").aggregate(None, base, contribs)  # type: ignore[arg-type]
     assert not torch.equal(ref.params["stem"], pap.params["stem"])
 
 
@@ -573,13 +574,15 @@ def test_server_lr_moves_float_buffers_too() -> None:
     statistics): bn ← 1 + 0.5·(0.5·(3 − 1) + 0.1875·(2 − 1)) = 1.59375; the integer count is
     the deepest task's (the root's 7) whatever η_s."""
     kw, base, contribs, one = _two_nodes()
-    full = CisAggregator(mode="paper", **kw).aggregate(None, base, contribs)  # type: ignore[arg-type]
+    full = cis_update(mode="paper", **kw).aggregate(None, base, contribs)  # type: ignore[arg-type]
     torch.testing.assert_close(full.buffers["bn"], (1 + 0.5 * 2 + 0.1875) * one)
-    half = CisAggregator(mode="paper", **{**kw, "server_lr": 0.5}).aggregate(None, base, contribs)  # type: ignore[arg-type]
+    half = cis_update(mode="paper", **{**kw, "server": ServerOptimizer(lr=0.5)}).aggregate(
+        None, base, contribs
+    )  # type: ignore[arg-type]
     torch.testing.assert_close(half.params["trunk"], 1.875 * one)
     torch.testing.assert_close(half.buffers["bn"], 1.59375 * one)
     assert int(half.buffers["count"]) == 7
-    ref = CisAggregator(mode="reference", **{**kw, "server_lr": 0.5}).aggregate(
+    ref = cis_update(mode="reference", **{**kw, "server": ServerOptimizer(lr=0.5)}).aggregate(
         None, base, contribs
     )  # type: ignore[arg-type]
     # reference: the root's bn (3), the leaf's against it (coef 0.1875·1): 3 − 0.1875; halved

@@ -110,14 +110,15 @@ def test_coefficients_and_aggregation_with_epsilon() -> None:
     [(0.0, dict(enumerate((3, 2, 2, 1, 1, 1, 1)))), (0.4, {0: 2, 1: 1, 2: 2, 3: 1, 6: 1})],
 )
 def test_aggregation_equals_fedclocks_reference_mode(epsilon: float, exits: dict) -> None:
-    """The same hand-set round through fedclock's ``CisAggregator`` in reference mode
+    """The same hand-set round through fedclock's ``cis_update`` in reference mode
     (p_rule code, the 4-2-1 tree at serving 80-15-5, the tensors renamed by position): the
     same new model, tensor for tensor."""
     from fedclock.devices.topology import TREES
     from fedclock.models.early_exit import ee_cnn
     from fedclock.models.shapes import Exit
     from fedclock.sim.types import ModelVersion
-    from fedclock.strategies.cis import CisAggregator, lambda_tilde, p_matrix
+    from fedclock.strategies.cis import cis_update, lambda_tilde, p_matrix
+    from fedclock.strategies.server import ServerOptimizer
 
     m = _module()
     w, d, nodes = _tree_round(m, exits)
@@ -126,7 +127,7 @@ def test_aggregation_equals_fedclocks_reference_mode(epsilon: float, exits: dict
     lam = m.lambda_tilde("serving", [80, 15, 5])
     ours = m.aggregate(nodes[0], nodes, exits, m.coefficients(exits, sizes, lam, epsilon))
 
-    class Contribution:  # the fields CisAggregator reads
+    class Contribution:  # the fields the CIS update reads
         def __init__(self, i: int, e: int) -> None:
             self.client, self.weight, self.buffers = i, None, {}
             self.task = SimpleNamespace(plan=SimpleNamespace(shape=Exit(e, m.EXIT[i])))
@@ -140,9 +141,9 @@ def test_aggregation_equals_fedclocks_reference_mode(epsilon: float, exits: dict
     tree = TREES["4-2-1"].with_serving((80, 15, 5))
     fixed = lambda_tilde("serving", serving=tree.serving_rates())
     np.testing.assert_allclose(fixed, lam)
-    agg = CisAggregator(
+    agg = cis_update(
         tree=tree, p=p_matrix(tree, epsilon, "code"), sizes=np.asarray(sizes, float),
-        weights=lambda t: fixed, server_lr=1.0, mode="reference",
+        weights=lambda t: fixed, server=ServerOptimizer(lr=1.0), mode="reference",
         head_params=[tuple(n for n in names.values() if n.startswith(f"heads.{e}."))
                      for e in range(3)],
     )  # fmt: skip
@@ -187,14 +188,15 @@ def test_paper_p_and_coefficients_hand_computed() -> None:
 )  # fmt: skip
 def test_paper_aggregation_equals_fedclocks_paper_mode(epsilon: float, exits: dict) -> None:
     """A hand-set round (every node, exits as given) through the script's line 8 and through
-    fedclock's ``CisAggregator`` in paper mode (p_rule paper, serving 80-15-5, η_s 0.7, the
+    fedclock's ``cis_update`` in paper mode (p_rule paper, serving 80-15-5, η_s 0.7, the
     tensors renamed by position): the same new model, tensor for tensor — heads included,
     which paper mode aggregates like every other tensor."""
     from fedclock.devices.topology import TREES
     from fedclock.models.early_exit import ee_cnn
     from fedclock.models.shapes import Exit
     from fedclock.sim.types import ModelVersion
-    from fedclock.strategies.cis import CisAggregator, lambda_tilde, p_matrix
+    from fedclock.strategies.cis import cis_update, lambda_tilde, p_matrix
+    from fedclock.strategies.server import ServerOptimizer
 
     m = _module()
     w, d, _ = _tree_round(m, exits)
@@ -205,7 +207,7 @@ def test_paper_aggregation_equals_fedclocks_paper_mode(epsilon: float, exits: di
     ours = m.paper_aggregate(w, full, exits, m.paper_coefficients(exits, sizes, lam, epsilon),
                              server_lr=0.7)  # fmt: skip
 
-    class Contribution:  # the fields CisAggregator reads
+    class Contribution:  # the fields the CIS update reads
         def __init__(self, i: int, e: int) -> None:
             self.client, self.weight, self.buffers = i, None, {}
             self.task = SimpleNamespace(plan=SimpleNamespace(shape=Exit(e, m.EXIT[i])))
@@ -218,9 +220,9 @@ def test_paper_aggregation_equals_fedclocks_paper_mode(epsilon: float, exits: di
 
     tree = TREES["4-2-1"].with_serving((80, 15, 5))
     fixed = lambda_tilde("serving", serving=tree.serving_rates())
-    agg = CisAggregator(
+    agg = cis_update(
         tree=tree, p=p_matrix(tree, epsilon, "paper"), sizes=np.asarray(sizes, float),
-        weights=lambda t: fixed, server_lr=0.7, mode="paper",
+        weights=lambda t: fixed, server=ServerOptimizer(lr=0.7), mode="paper",
         head_params=[tuple(n for n in names.values() if n.startswith(f"heads.{e}."))
                      for e in range(3)],
     )  # fmt: skip

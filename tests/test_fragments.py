@@ -190,14 +190,26 @@ def test_delay_bounds_on_the_authors_example() -> None:
     assert k_feasible(costs) == pytest.approx(0.1)  # every cmp-1 client fits 10 % only
 
 
-def test_mix_fragment_hand_computed() -> None:
-    from fedclock.strategies.fedraa import mix_fragment
+def test_mix_target_hand_computed() -> None:
+    """Alg. 1's updater as the Update with the mix target: θ ← (1 − α)·θ + α·θ_new where the
+    fragment covers the element, θ elsewhere."""
+    from fedclock.devices.cost import TaskTiming
+    from fedclock.sim.types import Contribution, ModelVersion, Task
+    from fedclock.strategies.aggregators import Update, keep_buffers, mix
+    from fedclock.strategies.asynchronous import ConstantWeight, StalenessWeighting
 
-    theta, new = torch.tensor([1.0, 1.0]), torch.tensor([3.0, 5.0])
-    out = mix_fragment(theta, new, 0.5, torch.tensor([True, False]))
-    assert out.tolist() == [2.0, 1.0]  # (1 − ½)·1 + ½·3 where covered; θ elsewhere
-    assert mix_fragment(theta, new, 0.5, True).tolist() == [2.0, 3.0]
-    assert mix_fragment(theta, new, 0.5, False) is theta
+    theta = ModelVersion(3, {"w": torch.tensor([1.0, 1.0])})
+    update = Update(StalenessWeighting(ConstantWeight(0.5)), target=mix, buffers=keep_buffers)
+
+    def mixed(cover: torch.Tensor | bool) -> list[float]:
+        task = Task(0, 0, 0, theta, None, None, TaskTiming(0, 0, 0), 0.0)  # type: ignore[arg-type]
+        c = Contribution(task, {"w": torch.tensor([2.0, 4.0])}, {}, 1, 0.0,
+                         coverage={"w": cover})  # θ_new = [3, 5]  # fmt: skip
+        return update.aggregate(None, theta, [c]).params["w"].tolist()  # type: ignore[arg-type]
+
+    assert mixed(torch.tensor([True, False])) == [2.0, 1.0]  # (1 − ½)·1 + ½·3; θ elsewhere
+    assert mixed(True) == [2.0, 3.0]
+    assert mixed(False) == [1.0, 1.0]
 
 
 # ------------------------------------------------------------------ the strategy, end to end
@@ -220,16 +232,16 @@ def _fedraa_raw(**strategy: object) -> dict:
 
 def _fragments_seen(monkeypatch) -> list[tuple[int, int]]:
     """(client, fragment index) of every update Fed-RAA's updater mixes in, in order."""
-    from fedclock.strategies.fedraa import FragmentMixAggregator
+    from fedclock.strategies.aggregators import Update
 
     seen: list[tuple[int, int]] = []
-    real = FragmentMixAggregator.aggregate
+    real = Update.aggregate
 
     def spy(self, ctx, base, contributions):
         seen.extend((c.client, c.task.plan.shape.index) for c in contributions)
         return real(self, ctx, base, contributions)
 
-    monkeypatch.setattr(FragmentMixAggregator, "aggregate", spy)
+    monkeypatch.setattr(Update, "aggregate", spy)
     return seen
 
 
@@ -296,10 +308,10 @@ def test_sync_fedraa_averages_the_fragments_of_every_client_each_round(
 
     from fedclock.config import load_config
     from fedclock.experiment import run_experiment
-    from fedclock.strategies.aggregators import FedAvgAggregator
+    from fedclock.strategies.aggregators import Update
 
     calls: list[list[float]] = []
-    real = FedAvgAggregator.aggregate
+    real = Update.aggregate
 
     def spy(self, ctx, base, contributions):
         new = real(self, ctx, base, contributions)
@@ -311,7 +323,7 @@ def test_sync_fedraa_averages_the_fragments_of_every_client_each_round(
         calls.append([c.weight for c in contributions])
         return new
 
-    monkeypatch.setattr(FedAvgAggregator, "aggregate", spy)
+    monkeypatch.setattr(Update, "aggregate", spy)
     raw = _fedraa_raw(sync=True)
     raw["budget"] = {"aggregations": 5}
     res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "sync")
@@ -443,10 +455,10 @@ def test_fedraa_reference_mode_weights_by_data_share_and_duration(tmp_path, monk
     """θ ← θ + (n_i/n)·Δ/(1 + duration/100), counts at assignment, element fragments."""
     from fedclock.config import load_config
     from fedclock.experiment import run_experiment
-    from fedclock.strategies.fedraa import ShareDiscountAggregator
+    from fedclock.strategies.aggregators import Update
 
     seen: list[tuple[float, float, int, Fragment]] = []
-    real = ShareDiscountAggregator.aggregate
+    real = Update.aggregate
 
     def spy(self, ctx, base, contributions):
         new = real(self, ctx, base, contributions)
@@ -457,7 +469,7 @@ def test_fedraa_reference_mode_weights_by_data_share_and_duration(tmp_path, monk
             torch.testing.assert_close(new.params[n], want, rtol=1e-6, atol=1e-7)
         return new
 
-    monkeypatch.setattr(ShareDiscountAggregator, "aggregate", spy)
+    monkeypatch.setattr(Update, "aggregate", spy)
     raw = _fedraa_raw(mode="reference")
     res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "ref")
     assert res.summary["status"] == "completed" and len(seen) == 60
@@ -764,17 +776,17 @@ def test_fedraa_updater_end_to_end_against_a_hand_computation(tmp_path, monkeypa
     α_t = α·(1 + staleness)^(−a) (polynomial staleness, a = 0.5)."""
     from fedclock.config import load_config
     from fedclock.experiment import run_experiment
-    from fedclock.strategies.fedraa import FragmentMixAggregator
+    from fedclock.strategies.aggregators import Update
 
     steps: list[tuple[dict, dict, list]] = []  # (θ before, θ after, contributions)
-    real = FragmentMixAggregator.aggregate
+    real = Update.aggregate
 
     def spy(self, ctx, base, contributions):
         new = real(self, ctx, base, contributions)
         steps.append((base, new, list(contributions)))
         return new
 
-    monkeypatch.setattr(FragmentMixAggregator, "aggregate", spy)
+    monkeypatch.setattr(Update, "aggregate", spy)
     raw = _fedraa_raw(alpha=0.7, staleness="polynomial", staleness_a=0.5)
     raw["budget"] = {"aggregations": 25}
     res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "r")

@@ -34,6 +34,7 @@ from fedclock.runs.parallel import Cell, CellFailure, CellRunner, batch_workers
 from fedclock.sim.types import ModelVersion, Task, TaskPlan
 from fedclock.train.executor import ClientData, snapshot
 from fedclock.train.joint import run_joint
+from fedclock.train.local import LocalTraining
 from fedclock.train.vectorized import VectorizedExecutor
 from tests.conftest import tiny_raw
 
@@ -121,7 +122,10 @@ def _executor(seed: int, arch: str, data: tuple[torch.Tensor, torch.Tensor]) -> 
     rng = np.random.default_rng(seed)
     parts = np.array_split(rng.permutation(len(x)), 4)
     return VectorizedExecutor(
-        model, ClientData.from_partition(x, y, parts), seed=seed, lr=0.1, momentum=0.5
+        model,
+        ClientData.from_partition(x, y, parts),
+        seed=seed,
+        local=LocalTraining(lr=0.1, momentum=0.5),
     )
 
 

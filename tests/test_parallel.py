@@ -125,7 +125,7 @@ def test_ray_executor_contributions_equal_the_serial_executors() -> None:
     a = _tasks(v0, sizes, 8, epochs=1.0)
     b = _tasks(v1, sizes, 4, epochs=1.0, first_id=10)
     mixed = [a[0], b[1], a[2], b[3], a[1], b[0], a[3], b[2], a[4], b[4]]
-    serial = SerialExecutor(m, data, seed=1, lr=0.1).run(mixed)
+    serial = SerialExecutor(m, data, seed=1, local=LocalTraining(lr=0.1)).run(mixed)
     build = functools.partial(
         make_executor, Needs(), m, data, seed=1, local=LocalTraining(lr=0.1), kind="auto"
     )

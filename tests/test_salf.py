@@ -36,14 +36,14 @@ from fedclock.sim.types import TaskPlan
 from fedclock.strategies.planners import SuffixWork
 from fedclock.strategies.salf import (
     DeadlineDepths,
-    coverage_update,
+    coverage_delta,
     deadline_depth,
-    divide_by_u_update,
+    divide_by_u_delta,
     p_eq10,
     p_exact_deadline,
     p_exact_ratio,
     p_values,
-    salf_layer_update,
+    salf_layer_delta,
     suffix_depth,
     update_sets,
 )
@@ -62,14 +62,14 @@ def test_eq9_hand_computed() -> None:
     locals_ = [torch.tensor([0.0, 2.0]), torch.tensor([2.0, 4.0])]  # w_{u,t}^l
     p = 0.2
     # (1/(1−p))·(mean(w_u) − p·w) = 1.25·([1, 3] − [0.2, 0.4]) = [1.0, 3.25]
-    out = salf_layer_update(w, [x - w for x in locals_], p)
+    out = w + salf_layer_delta(w, [x - w for x in locals_], p)
     assert torch.allclose(out, torch.tensor([1.0, 3.25]))
-    assert torch.equal(salf_layer_update(w, [], p), w)  # U^l empty: w unchanged
+    assert torch.equal(w + salf_layer_delta(w, [], p), w)  # U^l empty: w unchanged
 
 
 def test_divide_by_u_hand_computed() -> None:
     w = torch.tensor([1.0])
-    out = divide_by_u_update(w, [torch.tensor([0.3]), torch.tensor([0.6])], num_users=3)
+    out = w + divide_by_u_delta(w, [torch.tensor([0.3]), torch.tensor([0.6])], num_users=3)
     assert torch.allclose(out, torch.tensor([1.3]))
 
 
@@ -107,9 +107,8 @@ def test_paper_salf_update_is_unbiased(stragglers: int) -> None:
         d[who] = rng.integers(1, L + 2, size=stragglers)
         for layer in range(1, L + 1):
             held = [torch.tensor(deltas[u, layer - 1]) for u in range(U) if d[u] <= layer]
-            acc[layer - 1] += float(
-                salf_layer_update(torch.tensor(w[layer - 1]), held, p[layer - 1])
-            )
+            w_l = torch.tensor(w[layer - 1])
+            acc[layer - 1] += float(w_l + salf_layer_delta(w_l, held, p[layer - 1]))
     assert np.allclose(acc / draws, w + deltas.mean(axis=0), atol=0.03)
 
 
@@ -266,8 +265,8 @@ def test_p_exact_deadline_is_a_probability_monotone_in_layer_and_t_max(
 
 def test_eq9_guard_when_p_rounds_to_one() -> None:
     w = torch.tensor([1.0])
-    assert torch.equal(salf_layer_update(w, [], 1.0), w)  # the expected case: nobody reached it
-    out = salf_layer_update(w, [torch.tensor([0.5])], 1.0)  # a boundary tie: plain mean
+    assert torch.equal(w + salf_layer_delta(w, [], 1.0), w)  # the expected case: nobody reached it
+    out = w + salf_layer_delta(w, [torch.tensor([0.5])], 1.0)  # a boundary tie: plain mean
     assert torch.allclose(out, torch.tensor([1.5]))
 
 
@@ -300,7 +299,7 @@ def test_only_salf_divides_by_one_minus_p(method: str) -> None:
     strategy = build_strategy(cfg, info)
     # rounds aggregate a block's updates together: the executor may share the block's memory
     assert strategy.needs.synchronous is (method != "asyncfl")
-    p = strategy.aggregator.p_values  # type: ignore[attr-defined]
+    p = strategy.aggregator.normaliser.p_values  # type: ignore[attr-defined]
     L = len(p)
     assert L == 2
     # every user a straggler (AS4): the exact p_l is eq. 10
@@ -318,11 +317,11 @@ def test_width_shapes_cnn() -> None:
     assert keep == [(3, 1, 5, 5), (3,), (3, 3, 5, 5), (3,), (25, 48), (25,), (10, 25), (10,)]
 
 
-def test_coverage_update() -> None:
+def test_coverage_delta() -> None:
     w = torch.zeros(3)
     deltas = [torch.tensor([1.0, 1.0, 1.0]), torch.tensor([3.0, 0.0, 0.0])]
     masks = [torch.tensor([True, True, False]), prefix_mask((3,), (1,))]
-    out = coverage_update(w, deltas, masks)
+    out = w + coverage_delta(w, deltas, masks)
     assert torch.allclose(out, torch.tensor([2.0, 1.0, 0.0]))
 
 
@@ -916,17 +915,23 @@ def test_salf_suffix_work_composes_with_a_fedbuff_trigger(tmp_path, monkeypatch)
     from dataclasses import replace as dc_replace
 
     from fedclock.strategies import STRATEGIES, Strategy
+    from fedclock.strategies.aggregators import Update
     from fedclock.strategies.asynchronous import ArrivalBuffer, UpdateTimes
     from fedclock.strategies.planners import PerTask, local_sgd_plan
-    from fedclock.strategies.salf import RatioDepths, SalfAggregator
+    from fedclock.strategies.salf import RatioDepths, salf_update
     from fedclock.train.local import Needs
 
     seen: list[list[tuple[object, dict[str, torch.Tensor]]]] = []
 
-    class Spy(SalfAggregator):
-        def aggregate(self, ctx, base, contributions):
+    def spy(update: Update) -> Update:
+        real = update.aggregate
+
+        def aggregate(ctx, base, contributions):
             seen.append([(c.task.plan.shape, c.delta) for c in contributions])
-            return super().aggregate(ctx, base, contributions)
+            return real(ctx, base, contributions)
+
+        update.aggregate = aggregate  # type: ignore[method-assign]
+        return update
 
     def compose(cfg, info):
         units = build_units(info.model, info.layers, "paper")
@@ -940,7 +945,8 @@ def test_salf_suffix_work_composes_with_a_fedbuff_trigger(tmp_path, monkeypatch)
         return Strategy(
             name="salf-fedbuff", planner=planner,
             trigger=ArrivalBuffer(UpdateTimes("profile", planner), buffer_size=3),
-            aggregator=Spy(mode="paper", units=units, num_users=3, p_values=[0.0] * units.count),
+            aggregator=spy(salf_update(mode="paper", units=units, num_users=3,
+                                       p_values=[0.0] * units.count)),
             needs=Needs(shapes=frozenset({type(FULL), Suffix}), layout=layout),
         )  # fmt: skip
 

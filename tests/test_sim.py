@@ -19,9 +19,10 @@ from fedclock.devices.cost import TaskTiming
 from fedclock.devices.population import fx_update_times
 from fedclock.experiment import run_experiment
 from fedclock.sim import Context, Contribution, ModelVersion, Simulator, TaskPlan
+from fedclock.sim.observers import EvaluationSchedule, Metrics
 from fedclock.sim.simulator import Budget
-from fedclock.strategies import fedavg_weights, local_sgd_plan, select_clients
-from fedclock.strategies.aggregators import FedAvgAggregator
+from fedclock.strategies import client_importance, local_sgd_plan, select_clients
+from fedclock.strategies.aggregators import Importance, Update
 from tests.conftest import tiny_raw
 
 # ------------------------------------------------------------------ cost model
@@ -144,14 +145,14 @@ def test_population_timing_matches_the_cost_model(kind):
 # ------------------------------------------------------------------ math
 
 
-def test_fedavg_weights_hand_computed():
-    assert fedavg_weights([10, 30, 60], "samples") == pytest.approx([0.1, 0.3, 0.6])
-    assert fedavg_weights([10, 30, 60], "uniform") == pytest.approx([1 / 3] * 3)
+def test_client_importance_hand_computed():
+    assert client_importance([10, 30, 60], "samples") == pytest.approx([0.1, 0.3, 0.6])
+    assert client_importance([10, 30, 60], "uniform") == pytest.approx([1 / 3] * 3)
 
 
 @given(st.lists(st.integers(1, 10_000), min_size=1, max_size=50))
-def test_fedavg_weights_sum_to_one(ns):
-    w = fedavg_weights(ns, "samples")
+def test_client_importance_sum_to_one(ns):
+    w = client_importance(ns, "samples")
     assert w.sum() == pytest.approx(1.0)
     assert (w > 0).all()
 
@@ -189,9 +190,9 @@ def _contribution(client: int, n: int, delta: float) -> Contribution:
     )
 
 
-def test_fedavg_aggregator_hand_computed():
+def test_fedavg_update_hand_computed():
     base = ModelVersion(4, {"w": torch.tensor([1.0])})
-    agg = FedAvgAggregator(weights="samples")
+    agg = Update(Importance("samples"))
     new = agg.aggregate(None, base, [_contribution(0, 10, 2.0), _contribution(1, 30, -2.0)])  # type: ignore[arg-type]
     # 1 + 0.25·2 + 0.75·(−2) = 0
     assert new.version == 5
@@ -246,8 +247,8 @@ def _sim(strategy, n=4, **budget):
     executor = _NullExecutor()
     sim = Simulator(
         strategy=strategy, executor=executor, population=build_population(cfg.population, n, 0),
-        initial=ModelVersion(0, {}), client_sizes=np.ones(n, dtype=int), seed=0,
-        budget=Budget(**budget), evaluate=lambda v: (0.0, 0.0), eval_every_aggregations=None,
+        initial=ModelVersion(0, {}), seed=0, budget=Budget(**budget),
+        observers=[EvaluationSchedule(None), Metrics(lambda v: (0.0, 0.0))],
     )  # fmt: skip
     return sim, executor
 
@@ -411,3 +412,51 @@ def test_a_fine_evaluation_grid_evaluates_each_model_version_once(tmp_path, monk
     for row in rows:
         by_version.setdefault(row["aggregation"], set()).add(row["test_accuracy"])
     assert all(len(v) == 1 for v in by_version.values())
+
+
+def test_observers_get_every_hook_in_order():
+    """One protocol (sim/observers.py): start, dispatch, arrival, aggregation, evaluation,
+    after each event, end — and the simulator takes at most 8 parameters."""
+    import inspect
+
+    log: list[tuple[str, Any]] = []
+
+    class Watch:
+        def on_start(self, sim):
+            log.append(("start", sim.now))
+
+        def on_dispatch(self, sim, task):
+            log.append(("dispatch", task.client))
+
+        def on_arrival(self, sim, c):
+            log.append(("arrival", c.client))
+
+        def on_aggregation(self, sim, version):
+            log.append(("aggregation", sim.counters.aggregations))
+
+        def on_evaluation(self, sim, row):
+            log.append(("evaluation", row["virtual_time"]))
+
+        def on_event(self, sim):
+            log.append(("event", sim.now))
+
+        def on_end(self, sim):
+            log.append(("end", sim.now))
+
+    def script(s, ctx):
+        ctx.dispatch(ctx.prepare(0))
+
+    strategy = _Clock({0: 1.0}, script)
+    strategy.on_arrival = lambda ctx, c: ctx.commit([c])  # type: ignore[method-assign]
+    sim, _ = _sim(strategy, n=1, aggregations=1)
+    sim = Simulator(
+        strategy=strategy, executor=_NullExecutor(), population=sim.population,
+        initial=ModelVersion(0, {}), seed=0, budget=Budget(aggregations=1),
+        observers=[EvaluationSchedule(1), Metrics(lambda v: (0.0, 0.0)), Watch()],
+    )  # fmt: skip
+    sim.run()
+    assert log == [
+        ("evaluation", 0.0), ("start", 0.0), ("dispatch", 0), ("arrival", 0),
+        ("evaluation", 1.0), ("aggregation", 1), ("event", 1.0), ("end", 1.0),
+    ]  # fmt: skip
+    assert len(inspect.signature(Simulator.__init__).parameters) - 1 <= 8

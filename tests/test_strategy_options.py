@@ -71,7 +71,7 @@ def _error(raw: dict, *, grid: bool = False) -> str:
         (
             {"name": "fedfix", "delta_t": 1.0, "client_fraction": 0.5},
             {},
-            "Config field 'strategy.client_fraction' is read by fedavg, fedprox and drop-stragglers, "
+            "Config field 'strategy.client_fraction' is read by fedavg, fedprox, fednova and drop-stragglers, "
             "not by fedfix.",
         ),
         (
@@ -209,9 +209,6 @@ def test_sweeps_ask_the_registry_what_a_strategy_reads():
 _VALUES = {
     "strategy.t_max": (0.5, 5.0),
     "strategy.client_fraction": (0.5, 1.0),
-    "strategy.server_lr": (0.5, 1.0),
-    "strategy.server_optimizer": ("sgd", "adam"),
-    "strategy.server_momentum": (0.0, 0.5),
     "strategy.server_beta2": (0.9, 0.99),
     "strategy.server_eps": (1e-3, 1e-2),
     "strategy.k": (0.5, 5.0),

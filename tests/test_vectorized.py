@@ -152,7 +152,9 @@ def case_setup(case: Case) -> tuple[ClientData, Any, Any, dict[str, Any]]:
     def tasks_on(base: ModelVersion) -> list[Task]:
         return _tasks(base, list(case.sizes), case.batch, epochs=case.epochs, steps=case.steps)
 
-    opts = dict(seed=5, lr=0.05, momentum=case.momentum, weight_decay=case.weight_decay)
+    opts = dict(
+        seed=5, local=LocalTraining(lr=0.05, momentum=case.momentum, weight_decay=case.weight_decay)
+    )
     return data, model, tasks_on, opts
 
 
@@ -187,8 +189,10 @@ def test_groups_by_base_version_and_keeps_task_order() -> None:
     a = _tasks(v0, sizes, 8, epochs=1.0)
     b = _tasks(v1, sizes, 4, epochs=1.0, first_id=10)
     mixed = [a[0], b[1], a[2], b[3], a[1], b[0], a[3], b[2]]
-    serial = SerialExecutor(m, data, seed=1, lr=0.1).run(mixed)
-    vec = VectorizedExecutor(m, data, seed=1, lr=0.1, max_batch_clients=3).run(mixed)
+    serial = SerialExecutor(m, data, seed=1, local=LocalTraining(lr=0.1)).run(mixed)
+    vec = VectorizedExecutor(m, data, seed=1, local=LocalTraining(lr=0.1), max_batch_clients=3).run(
+        mixed
+    )
     _assert_same(serial, vec)
 
 
@@ -208,14 +212,16 @@ def test_tasks_on_different_versions_share_a_block(monkeypatch) -> None:
         _tasks(versions[c % 3], sizes, 8, epochs=1.0, first_id=0)[c] for c in range(len(sizes))
     ]
     blocks: list[set[int]] = []
-    vec = VectorizedExecutor(m, data, seed=1, lr=0.1, momentum=0.5)
+    vec = VectorizedExecutor(m, data, seed=1, local=LocalTraining(lr=0.1, momentum=0.5))
     real = vec._run_block
     monkeypatch.setattr(
         vec, "_run_block", lambda ts: blocks.append({t.base.version for t in ts}) or real(ts)
     )
     out = vec.run(tasks)
     assert blocks == [{0, 1, 2}]
-    _assert_same(SerialExecutor(m, data, seed=1, lr=0.1, momentum=0.5).run(tasks), out)
+    _assert_same(
+        SerialExecutor(m, data, seed=1, local=LocalTraining(lr=0.1, momentum=0.5)).run(tasks), out
+    )
 
 
 @pytest.mark.usefixtures("float64")
@@ -224,9 +230,9 @@ def test_contribution_does_not_depend_on_block_or_neighbours() -> None:
     data = _data(sizes, (1, 8, 8))
     m = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[8], seed=2)
     tasks = _tasks(snapshot(m, 0), sizes, 8, epochs=1.0)
-    whole = VectorizedExecutor(m, data, seed=1, lr=0.1).run(tasks)
+    whole = VectorizedExecutor(m, data, seed=1, local=LocalTraining(lr=0.1)).run(tasks)
     for min_block in (1, 2):  # a lone task: vmap over one client, or the serial path
-        ex = VectorizedExecutor(m, data, seed=1, lr=0.1, min_block=min_block)
+        ex = VectorizedExecutor(m, data, seed=1, local=LocalTraining(lr=0.1), min_block=min_block)
         alone = [ex.run([t])[0] for t in reversed(tasks)]
         _assert_same(whole, alone[::-1])
 
@@ -235,7 +241,7 @@ def test_each_contribution_owns_its_delta() -> None:
     sizes = [10, 12, 9]
     data = _data(sizes, (6,))
     m = build_model("logreg", input_shape=(6,), num_classes=10, seed=0)
-    out = VectorizedExecutor(m, data, seed=0, lr=0.1).run(
+    out = VectorizedExecutor(m, data, seed=0, local=LocalTraining(lr=0.1)).run(
         _tasks(snapshot(m, 0), sizes, 4, epochs=1.0)
     )
     ptrs = {t.untyped_storage().data_ptr() for c in out for t in c.delta.values()}
@@ -257,9 +263,11 @@ def test_logreg_property(
         data = _data(sizes, (6,), seed=len(sizes))
         m = build_model("logreg", input_shape=(6,), num_classes=10, seed=0)
         tasks = _tasks(snapshot(m, 0), sizes, batch, epochs=epochs)
-        serial = SerialExecutor(m, data, seed=2, lr=0.1, momentum=momentum).run(tasks)
+        serial = SerialExecutor(
+            m, data, seed=2, local=LocalTraining(lr=0.1, momentum=momentum)
+        ).run(tasks)
         vec = VectorizedExecutor(
-            m, data, seed=2, lr=0.1, momentum=momentum, max_batch_clients=block
+            m, data, seed=2, local=LocalTraining(lr=0.1, momentum=momentum), max_batch_clients=block
         )
         _assert_same(serial, vec.run(tasks))
 
@@ -370,7 +378,7 @@ def test_batchnorm_vgg_vectorized_matches_serial(
             for j, t in enumerate(tasks)
         ]
     assert sorted(t.plan.local_steps for t in tasks) == [1, 2, 2, 3, 5]
-    opts = dict(seed=5, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    opts = dict(seed=5, local=LocalTraining(lr=0.05, momentum=0.9, weight_decay=1e-3))
     serial = SerialExecutor(_vgg(), data, **opts).run(tasks)  # type: ignore[arg-type]
     with caplog.at_level(logging.INFO, logger="fedclock"):
         vec = VectorizedExecutor(_vgg(), data, max_batch_clients=4, **opts)  # type: ignore[arg-type]
@@ -396,8 +404,8 @@ def test_batchnorm_tiny_model_matches_serial_with_repeated_runs() -> None:
     torch.manual_seed(0)
     m = _WithBatchNorm()
     tasks = _tasks(snapshot(m, 0), sizes, 4, epochs=2.0)
-    serial = SerialExecutor(m, data, seed=0, lr=0.1, momentum=0.5).run(tasks)
-    vec = VectorizedExecutor(m, data, seed=0, lr=0.1, momentum=0.5)
+    serial = SerialExecutor(m, data, seed=0, local=LocalTraining(lr=0.1, momentum=0.5)).run(tasks)
+    vec = VectorizedExecutor(m, data, seed=0, local=LocalTraining(lr=0.1, momentum=0.5))
     out = vec.run(tasks) + vec.run(tasks)
     _assert_same(serial + serial, out)
     _assert_same_buffers(serial + serial, out)
@@ -412,9 +420,9 @@ def test_batchnorm_padded_batches_and_salf_tasks_run_serially(
     torch.manual_seed(0)
     m = _WithBatchNorm()
     tasks = _tasks(snapshot(m, 0), sizes, 4, epochs=1.0)
-    serial = SerialExecutor(m, data, seed=0, lr=0.1).run(tasks)
+    serial = SerialExecutor(m, data, seed=0, local=LocalTraining(lr=0.1)).run(tasks)
     with caplog.at_level(logging.INFO, logger="fedclock"):
-        vec = VectorizedExecutor(m, data, seed=0, lr=0.1)
+        vec = VectorizedExecutor(m, data, seed=0, local=LocalTraining(lr=0.1))
         out = vec.run(tasks) + vec.run(tasks)
     _assert_same(serial + serial, out)
     _assert_same_buffers(serial + serial, out)
@@ -423,7 +431,9 @@ def test_batchnorm_padded_batches_and_salf_tasks_run_serially(
     caplog.clear()
     units = Units(1, {n: 1 for n, _ in m.named_parameters()}, {}, (0.0,), 0.0, (0,))
     with caplog.at_level(logging.INFO, logger="fedclock"):
-        salf = VectorizedExecutor(m, data, seed=0, lr=0.1, layout=Layout.of(m, units, 0))
+        salf = VectorizedExecutor(
+            m, data, seed=0, local=LocalTraining(lr=0.1), layout=Layout.of(m, units, 0)
+        )
         out = salf.run(tasks)
     _assert_same(serial, out, atol=0)
     _assert_same_buffers(serial, out, atol=0)
@@ -446,14 +456,14 @@ def test_an_unknown_work_shape_is_refused_not_trained_fully() -> None:
     tasks = _tasks(snapshot(m, 0), sizes, 4, epochs=1.0)
     odd = [tasks[0], replace(tasks[1], plan=replace(tasks[1].plan, shape=_NewShape()))]
     for ex in (
-        SerialExecutor(m, data, seed=0, lr=0.1),
-        VectorizedExecutor(m, data, seed=0, lr=0.1),
+        SerialExecutor(m, data, seed=0, local=LocalTraining(lr=0.1)),
+        VectorizedExecutor(m, data, seed=0, local=LocalTraining(lr=0.1)),
     ):
         with pytest.raises(UnsupportedShapeError, match=r"cannot run _NewShape\(part=1\) tasks"):
             ex.run(odd)
     # a strategy that declares it is refused before the run, by make_executor
     from fedclock.train.factory import make_executor
-    from fedclock.train.local import LocalTraining, Needs
+    from fedclock.train.local import Needs
 
     with pytest.raises(ValueError, match="no executor runs the work shapes _NewShape yet"):
         make_executor(Needs(shapes=frozenset({_NewShape})), m, data, seed=0,
@@ -494,7 +504,9 @@ def test_auto_block_size_bounds_the_largest_stacked_tensor() -> None:
     assert auto_max_batch_clients(w2, (1, 28, 28), 16) >= 30  # the whole W2 round in one block
     assert auto_max_batch_clients(w1, (1, 28, 28), 50, block_bytes=1) == 1
     with pytest.raises(ValueError, match="max_batch_clients"):
-        VectorizedExecutor(w1, _data([4], (1, 28, 28)), seed=0, lr=0.1, max_batch_clients=0)
+        VectorizedExecutor(
+            w1, _data([4], (1, 28, 28)), seed=0, local=LocalTraining(lr=0.1), max_batch_clients=0
+        )
 
 
 # ------------------------------------------------------------------ end to end
@@ -675,7 +687,7 @@ def test_delta_views_give_the_same_contributions(mixed_versions: bool) -> None:
     tasks = _tasks(v0, sizes, 8, epochs=1.0)
     if mixed_versions:
         tasks[1] = _tasks(v1, sizes, 8, epochs=1.0)[1]
-    opts = dict(seed=5, lr=0.05, momentum=0.5)
+    opts = dict(seed=5, local=LocalTraining(lr=0.05, momentum=0.5))
     copies = VectorizedExecutor(m, data, **opts).run(tasks)  # type: ignore[arg-type]
     views = VectorizedExecutor(m, data, delta_views=True, **opts).run(tasks)  # type: ignore[arg-type]
     for a, b in zip(copies, views, strict=True):

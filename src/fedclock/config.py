@@ -351,7 +351,8 @@ class StrategyOptions(BaseModel):
 
 # ---- the server step (strategies/server.py)
 class _ServerOptions(StrategyOptions):
-    """The strategies whose server step is a torch optimizer over the aggregated update."""
+    """The server step, a torch optimizer over the aggregated update, applied after every
+    aggregation (strategies/server.py): every strategy's options derive from this class."""
 
     server_optimizer: Literal["sgd", "adam"] = Field(
         "sgd",
@@ -394,6 +395,12 @@ class FedProxOptions(_RoundOptions):
     mu: float = Field(0.01, ge=0, description="μ of the proximal term (μ/2)‖θ − θ^t‖²")
 
 
+class FedNovaOptions(_RoundOptions):
+    """FedAvg's rounds with FedNova's normalized averaging (Wang et al.)."""
+
+    name: Literal["fednova"] = "fednova"
+
+
 class DropStragglersOptions(_RoundOptions):
     """FedAvg under a deadline; with ``salf.scenario``, SALF's drop-stragglers baseline."""
 
@@ -410,8 +417,7 @@ class DropStragglersOptions(_RoundOptions):
             return super().unread(cfg) | {"salf.mode", "salf.charge", "population.straggler_ratio"}
         # SALF's rounds: every user each round, a plain mean; depths from the scenario
         depth_source = "strategy.t_max" if scenario == "ratio" else "population.straggler_ratio"
-        server = {f"strategy.{f}" for f in _ServerOptions.model_fields if f.startswith("server_")}
-        return frozenset({"strategy.client_fraction", "strategy.server_lr", depth_source, *server})
+        return _ServerOptions.unread(cfg) | {"strategy.client_fraction", depth_source}
 
 
 # ---- asynchronous (docs/methods/async.md)
@@ -620,7 +626,7 @@ class FedRAASyncOptions(_FedRAAFields):
 
 # ---- CIS: early exits trained across a tree of devices (docs/methods/cis.md); the cis
 # section holds the tree, its serving rates and the data split
-class _CisOptions(StrategyOptions):
+class _CisOptions(_ServerOptions):
     """Algorithm 1 of Kaplan et al. with one choice of the aggregation weights Λ̃."""
 
     epsilon: float = Field(
@@ -633,7 +639,9 @@ class _CisOptions(StrategyOptions):
         description="paper: ε per lower exit; code: the authors' --sampled-probability, ε in "
         "total spread evenly over the lower exits (p_{i,e} = ε/(E_i − 1))",
     )
-    server_lr: float = Field(1.0, gt=0, description="η_s of the server update")
+    server_lr: float = Field(
+        1.0, gt=0, description="η_s of the server update (the server step's learning rate)"
+    )
     mode: Literal["paper", "reference"] = Field(
         "paper",
         description="paper: Algorithm 1's update; reference: the authors' code (the root "
@@ -721,8 +729,12 @@ class CisBalancedOptions(_CisOptions):
 
 
 # ---- SALF and its baselines (docs/methods/salf.md); the salf section holds their settings
-class _SalfFamilyOptions(StrategyOptions):
+class _SalfFamilyOptions(_ServerOptions):
     salf_fields: ClassVar[tuple[str, ...]] = ("scenario", "mode", "charge")
+
+    server_lr: float = Field(
+        1.0, gt=0, description="η_g of the server step on eq. 9's update (1: eq. 9 as written)"
+    )
 
 
 class VanillaOptions(_SalfFamilyOptions):
@@ -742,11 +754,12 @@ class _SalfDepthOptions(_SalfFamilyOptions):
 
     @classmethod
     def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
+        server = super().unread(cfg)
         if cfg.salf.scenario == "ratio":
-            return frozenset({"strategy.t_max"})
+            return server | {"strategy.t_max"}
         if cfg.salf.scenario == "deadline":
-            return frozenset({"population.straggler_ratio"})
-        return frozenset()
+            return server | {"population.straggler_ratio"}
+        return server
 
 
 class SalfOptions(_SalfDepthOptions):
@@ -766,6 +779,7 @@ class AsyncFLOptions(_SalfDepthOptions):
 StrategyOptionsUnion = Annotated[
     FedAvgOptions
     | FedProxOptions
+    | FedNovaOptions
     | DropStragglersOptions
     | AsyncIdenticalOptions
     | AsyncTimeBasedOptions

@@ -1,7 +1,8 @@
 """Build an experiment from its config and run it: the one place where the parts meet.
 
 ExperimentConfig → Dataset → partition → model (layers, FLOPs) → population
-→ strategy → Simulator(executor, evaluator) → run directory.
+→ strategy → executor → Simulator(observers: evaluation, recorder, checkpoints) → run
+directory.
 """
 
 from __future__ import annotations
@@ -29,9 +30,14 @@ from fedclock.devices import Population, build_population
 from fedclock.devices.cost import TaskCost
 from fedclock.devices.topology import also_trees, build_tree
 from fedclock.errors import CheckpointError, ConfigError, DivergenceError
-from fedclock.metrics.recorder import CLIENT_LOSS_COLUMNS, RunRecorder, source_digest, summarize
+from fedclock.metrics.recorder import (
+    CLIENT_LOSS_COLUMNS,
+    METRIC_COLUMNS,
+    RunRecorder,
+    source_digest,
+    summarize,
+)
 from fedclock.models import build_model, layer_view, param_bytes
-from fedclock.models.early_exit import EarlyExitNet, MultiExitLoss
 from fedclock.rng import torch_seed
 from fedclock.sim.checkpoint import (
     CHECKPOINT_FILE,
@@ -41,13 +47,19 @@ from fedclock.sim.checkpoint import (
 )
 from fedclock.sim.checkpoint import read as read_checkpoint
 from fedclock.sim.guard import FaultInjector, UpdateGuard
+from fedclock.sim.observers import DivergenceCheck, EvaluationSchedule, Metrics, Progress
 from fedclock.sim.simulator import Budget, Simulator
 from fedclock.sim.types import ModelVersion
-from fedclock.strategies import BuildInfo, Strategy, build_strategy, fedavg_weights
-from fedclock.train.evaluate import BestValidation, ClientLossEvaluator, Evaluator, ExitEvaluator
+from fedclock.strategies import BuildInfo, Strategy, build_strategy, client_importance
+from fedclock.train.evaluate import (
+    BestValidation,
+    ClientLossEvaluator,
+    Evaluator,
+    test_evaluator,
+)
 from fedclock.train.executor import ClientData, snapshot
 from fedclock.train.factory import make_executor, resolve_device
-from fedclock.train.local import CrossEntropy, LocalTraining
+from fedclock.train.local import LocalTraining, model_loss
 
 if TYPE_CHECKING:
     from fedclock.data.dataset import Dataset
@@ -116,22 +128,13 @@ def check_deadline(strategy: Strategy, population: Population, cfg: ExperimentCo
         )
 
 
-def _validation_schedule(
-    evaluator: object, every: int | None
-) -> Callable[[ModelVersion, int], None] | None:
-    """Validate every ``every`` aggregations (``eval.val_every_aggregations``)."""
-    if every is None or not isinstance(evaluator, BestValidation):
-        return None
-
-    def validate(version: ModelVersion, aggregations: int) -> None:
-        if aggregations % every == 0:
-            evaluator.validate(version)
-
-    return validate
-
-
 def client_table(
-    sim: Simulator, strategy: Strategy, population: Population, importance: Any
+    sim: Simulator,
+    strategy: Strategy,
+    population: Population,
+    importance: Any,
+    sizes: Any,
+    losses: Any = None,
 ) -> dict[str, Any]:
     """clients.csv columns: importance p_i, nominal update time τ_i, participations,
     total weight received and its normalised share q̃_i, and the last training loss."""
@@ -141,30 +144,28 @@ def client_table(
     total = float(received.sum())
     cols: dict[str, Any] = {
         "client": list(range(n)),
-        "num_samples": [int(v) for v in sim.client_sizes],
+        "num_samples": [int(v) for v in sizes],
         "importance": [float(v) for v in importance],
         "tau_nominal": tau,
         "participations": [int(v) for v in sim.per_client(sim.counters.participation)],
         "weight_received": [float(v) for v in received],
         "q_share": [float(v) / total if total > 0 else math.nan for v in received],
     }
-    if sim.last_client_losses is not None:
-        cols["final_train_loss"] = [float(v) for v in sim.last_client_losses]
+    if losses is not None:
+        cols["final_train_loss"] = [float(v) for v in losses]
     return cols
 
 
 def _guard(cfg: ExperimentConfig) -> UpdateGuard | None:
-    g = cfg.guard
-    if not g.reject_nonfinite and g.max_update_norm is None:
+    """The update guard (``guard``) with the fault injector (``population.faults``)."""
+    g, f = cfg.guard, cfg.population.faults
+    faults = None
+    if f.fraction != 0:
+        faults = FaultInjector(f.fraction, f.kind, f.scale, cfg.partition.num_clients, cfg.seed)
+    if not g.reject_nonfinite and g.max_update_norm is None and faults is None:
         return None
-    return UpdateGuard(reject_nonfinite=g.reject_nonfinite, max_norm=g.max_update_norm)
-
-
-def _faults(cfg: ExperimentConfig, num_clients: int) -> FaultInjector | None:
-    f = cfg.population.faults
-    if f.fraction == 0:
-        return None
-    return FaultInjector(f.fraction, f.kind, f.scale, num_clients, cfg.seed)
+    return UpdateGuard(reject_nonfinite=g.reject_nonfinite, max_norm=g.max_update_norm,
+                       faults=faults)  # fmt: skip
 
 
 def checkpoint_header(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -196,19 +197,6 @@ def check_resumable(payload: dict[str, Any], header: dict[str, Any], run_dir: Pa
         )
 
 
-def _chain(
-    progress: Callable[[Simulator], None] | None, checkpointer: Checkpointer
-) -> Callable[[Simulator], None]:
-    if progress is None:
-        return checkpointer
-
-    def on_event(sim: Simulator) -> None:
-        progress(sim)
-        checkpointer(sim)
-
-    return on_event
-
-
 def _run_and_record(
     sim: Simulator, cfg: ExperimentConfig, recorder: RunRecorder, run_dir: Path, wall0: float
 ) -> tuple[dict[str, Any], str | None]:
@@ -232,7 +220,9 @@ def _run_and_record(
         history=sim.history, counters=sim.counters,
         wall_s=time.perf_counter() - min(wall0, sim.wall_start), virtual_time=sim.now,
         target_accuracy=cfg.eval.target_accuracy, num_clients=cfg.partition.num_clients,
-        extra_columns=[c for c in recorder.columns if c.startswith(("exit", "cis_"))],
+        # the evaluators' own columns (CIS's exit accuracies), the client losses aside
+        extra_columns=[c for c in recorder.columns[len(METRIC_COLUMNS):]
+                       if c not in CLIENT_LOSS_COLUMNS],
     )  # fmt: skip
     return summary, error
 
@@ -328,6 +318,122 @@ def reusing_data() -> Iterator[None]:
         reuse_data(before)
 
 
+@dataclass
+class _Parts:
+    """What one run is built from (``_build``)."""
+
+    strategy: Strategy
+    population: Population
+    executor: Any
+    initial: ModelVersion
+    sizes: Any  # each client's sample count
+    importance: Any  # the client importance p_i
+    device: torch.device
+    metrics: list[Any]  # the observers that measure (test metrics, validation, client losses)
+    columns: tuple[str, ...]  # their metrics.csv columns beyond METRIC_COLUMNS
+    validation: BestValidation | None
+    client_losses: ClientLossEvaluator | None
+
+
+def _build(cfg: ExperimentConfig, lockstep: tuple[Any, int] | None) -> _Parts:
+    """Data, partition, model, population, strategy, executor and evaluators of ``cfg``."""
+    if lockstep is None:
+        ds, val_xy = DATA_REUSE.get(cfg)
+    else:  # run batching: the group's runs that read the same data share one copy
+        ds, val_xy = lockstep[0].data(cfg, lambda: DATA_REUSE.get(cfg))
+    p = cfg.partition
+    tree = build_tree(cfg.cis)  # a collaborative inference system's devices, if any
+    parts = partition(
+        ds.y_train.numpy(), p.num_clients, scheme=p.scheme, seed=cfg.seed, alpha=p.alpha,
+        shards_per_client=p.shards_per_client, sizes=p.sizes, size_sigma=p.size_sigma,
+        min_samples=p.min_samples, groups=ds.groups,
+        shares=None if tree is None else tree.data_shares(cfg.cis.split),
+    )  # fmt: skip
+    new_model = _model_factory(cfg, ds)
+    check_model_size(new_model, cfg.model.arch)
+    model = new_model()
+    layers = layer_view(model, ds.input_shape)
+    data = ClientData.from_partition(ds.x_train, ds.y_train, parts)
+    sizes = data.sizes()
+    population = build_population(cfg.population, p.num_clients, cfg.seed)
+    info = BuildInfo(
+        client_sizes=sizes, layer_fwd_flops=tuple(layer.fwd_flops for layer in layers),
+        layer_bwd_flops=tuple(layer.bwd_flops for layer in layers),
+        model_bytes=param_bytes(model), model=model, layers=tuple(layers),
+        population=population, train=(ds.x_train, ds.y_train),
+    )  # fmt: skip
+    strategy = build_strategy(cfg, info)
+    check_deadline(strategy, population, cfg)
+    device = resolve_device(cfg.executor.device)
+    model.to(device)  # before the snapshot: every model version lives on the executor's device
+    initial = snapshot(model, 0)
+    t = cfg.train
+    executor = make_executor(
+        strategy.needs, model, data, seed=cfg.seed,
+        local=LocalTraining(
+            lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay,
+            # an early-exit network's full-model task trains every exit
+            loss=model_loss(model),
+        ),
+        kind=cfg.executor.kind, device=cfg.executor.device,
+        max_batch_clients=cfg.executor.max_batch_clients, workers=cfg.executor.workers,
+    )  # fmt: skip
+    importance = client_importance(sizes.tolist(), cfg.strategy.weights)
+    return _Parts(strategy, population, executor, initial, sizes, importance, device,
+                  *_evaluators(cfg, ds, val_xy, new_model, data, tree, device, importance,
+                               lockstep))  # fmt: skip
+
+
+def _model_factory(cfg: ExperimentConfig, ds: Dataset) -> Callable[[], torch.nn.Module]:
+    m = cfg.model
+
+    def new_model() -> torch.nn.Module:
+        return build_model(
+            m.arch, input_shape=ds.input_shape, num_classes=ds.num_classes, hidden=m.hidden,
+            channels=m.channels, kernel_size=m.kernel_size, fc_hidden=m.fc_hidden,
+            padding=m.padding, embed_dim=m.embed_dim, lstm_hidden=m.lstm_hidden,
+            lstm_layers=m.lstm_layers, vgg_width=m.vgg_width, exits=m.exits,
+            input_dtype=ds.input_dtype, seed=torch_seed(cfg.seed, "init") % (2**31),
+        )  # fmt: skip
+
+    return new_model
+
+
+def _evaluators(
+    cfg: ExperimentConfig, ds: Dataset, val_xy: Any, new_model: Callable[[], torch.nn.Module],
+    data: ClientData, tree: Any, device: torch.device, importance: Any,
+    lockstep: tuple[Any, int] | None,
+) -> tuple[list[Any], tuple[str, ...], BestValidation | None, ClientLossEvaluator | None]:  # fmt: skip
+    """The measuring observers: test metrics (an early-exit network's per-exit and routed CIS
+    accuracy too), the best-validation tracker (``eval.val_holdout``) and the client losses
+    (``eval.client_losses``), with their extra metrics.csv columns."""
+    bs = cfg.eval.batch_size
+    test: Any
+    test, exits = test_evaluator(new_model(), ds.x_test, ds.y_test, tree=tree,
+                                 also=also_trees(cfg.cis, tree), batch_size=bs, device=device)  # fmt: skip
+    validation = None
+    if val_xy is not None:
+        val = Evaluator(new_model(), *val_xy, batch_size=bs, device=device)
+        test = validation = BestValidation(test, val, every=cfg.eval.val_every_aggregations)
+    if lockstep is not None:  # run batching: evaluated with the group's other versions
+        for ev in (test, getattr(test, "test", None), getattr(test, "val", None)):
+            if isinstance(ev, Evaluator):
+                ev.submit = lockstep[0].evaluation(lockstep[1])
+    observers: list[Any] = [Metrics(test, exits.more if exits is not None else None)]
+    columns = exits.columns if exits is not None else ()
+    if validation is not None:
+        observers.append(validation)  # (on_aggregation: the denser validation schedule)
+    client_losses = None
+    if cfg.eval.client_losses:
+        client_losses = ClientLossEvaluator(
+            new_model(), ds.x_train, ds.y_train, data.indices, batch_size=bs, device=device,
+            importance=importance,
+        )  # fmt: skip
+        observers.append(client_losses)
+        columns = (*columns, *CLIENT_LOSS_COLUMNS)
+    return observers, tuple(columns), validation, client_losses
+
+
 def run_experiment(
     cfg: ExperimentConfig,
     *,
@@ -349,177 +455,95 @@ def run_experiment(
         wall0 = time.perf_counter()
         if cfg.executor.threads is not None:
             torch.set_num_threads(cfg.executor.threads)
-        if lockstep is None:
-            ds, val_xy = DATA_REUSE.get(cfg)
-        else:  # run batching: the group's runs that read the same data share one copy
-            ds, val_xy = lockstep[0].data(cfg, lambda: DATA_REUSE.get(cfg))
-        p = cfg.partition
-        tree = build_tree(cfg.cis)  # a collaborative inference system's devices, if any
-        parts = partition(
-            ds.y_train.numpy(), p.num_clients, scheme=p.scheme, seed=cfg.seed, alpha=p.alpha,
-            shards_per_client=p.shards_per_client, sizes=p.sizes, size_sigma=p.size_sigma,
-            min_samples=p.min_samples, groups=ds.groups,
-            shares=None if tree is None else tree.data_shares(cfg.cis.split),
-        )  # fmt: skip
-        m = cfg.model
-
-        def new_model() -> torch.nn.Module:
-            return build_model(
-                m.arch, input_shape=ds.input_shape, num_classes=ds.num_classes, hidden=m.hidden,
-                channels=m.channels, kernel_size=m.kernel_size, fc_hidden=m.fc_hidden,
-                padding=m.padding, embed_dim=m.embed_dim, lstm_hidden=m.lstm_hidden,
-                lstm_layers=m.lstm_layers, vgg_width=m.vgg_width, exits=m.exits,
-                input_dtype=ds.input_dtype,
-                seed=torch_seed(cfg.seed, "init") % (2**31),
-            )  # fmt: skip
-
-        check_model_size(new_model, m.arch)
-        model = new_model()
-        layers = layer_view(model, ds.input_shape)
-        data = ClientData.from_partition(ds.x_train, ds.y_train, parts)
-        sizes = data.sizes()
-        population = build_population(cfg.population, p.num_clients, cfg.seed)
-        info = BuildInfo(
-            client_sizes=sizes,
-            layer_fwd_flops=tuple(layer.fwd_flops for layer in layers),
-            layer_bwd_flops=tuple(layer.bwd_flops for layer in layers),
-            model_bytes=param_bytes(model),
-            model=model,
-            layers=tuple(layers),
-            population=population,
-            train=(ds.x_train, ds.y_train),
-        )
-        strategy = build_strategy(cfg, info)
-        check_deadline(strategy, population, cfg)
-
-        device = resolve_device(cfg.executor.device)
-        model.to(device)  # before the snapshot: every model version lives on the executor's device
-        initial = snapshot(model, 0)
-        t = cfg.train
-        executor = make_executor(
-            strategy.needs, model, data, seed=cfg.seed,
-            local=LocalTraining(
-                lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay,
-                # an early-exit network's full-model task trains every exit
-                loss=MultiExitLoss() if isinstance(model, EarlyExitNet) else CrossEntropy(),
-            ),
-            kind=cfg.executor.kind, device=cfg.executor.device,
-            max_batch_clients=cfg.executor.max_batch_clients, workers=cfg.executor.workers,
-        )  # fmt: skip
-        evaluator: Any
-        more: ExitEvaluator | None = None  # per-exit and routed CIS accuracy columns
-        if isinstance(model, EarlyExitNet):
-            evaluator = more = ExitEvaluator(
-                new_model(), ds.x_test, ds.y_test, num_exits=model.num_exits, tree=tree,
-                also=also_trees(cfg.cis, tree),
-                batch_size=cfg.eval.batch_size, device=device,
-            )  # fmt: skip
-        else:
-            evaluator = Evaluator(
-                new_model(), ds.x_test, ds.y_test, batch_size=cfg.eval.batch_size, device=device
-            )
-        if val_xy is not None:
-            evaluator = BestValidation(
-                evaluator,
-                Evaluator(new_model(), *val_xy, batch_size=cfg.eval.batch_size, device=device),
-            )
-
-        if lockstep is not None:  # run batching: evaluated with the group's other versions
-            for ev in (
-                evaluator,
-                getattr(evaluator, "test", None),
-                getattr(evaluator, "val", None),
-            ):
-                if isinstance(ev, Evaluator):
-                    ev.submit = lockstep[0].evaluation(lockstep[1])
-        client_eval = None
-        if cfg.eval.client_losses:
-            client_eval = ClientLossEvaluator(
-                new_model(), ds.x_train, ds.y_train, data.indices,
-                batch_size=cfg.eval.batch_size, device=device,
-            )  # fmt: skip
-        importance = fedavg_weights(sizes.tolist(), cfg.strategy.weights)
-
+        parts = _build(cfg, lockstep)
         run_dir = run_dir or default_run_dir(cfg)
         header = checkpoint_header(cfg)
-        ck_path = run_dir / CHECKPOINT_FILE
-        if run_dir.is_dir():  # left by a process killed while writing a checkpoint
-            for tmp in run_dir.glob(".checkpoint-*.tmp"):
-                tmp.unlink(missing_ok=True)
-        resumed = None
-        if resume and ck_path.is_file():
-            resumed = read_checkpoint(ck_path, map_location=device)
-            check_resumable(resumed, header, run_dir)
-        else:  # a checkpoint of an earlier run in this folder must never be resumed into this one
-            ck_path.unlink(missing_ok=True)
-        extra = (*(more.columns if more is not None else ()),
-                 *(CLIENT_LOSS_COLUMNS if client_eval is not None else ()))  # fmt: skip
-        recorder = RunRecorder(
-            run_dir,
-            extra_columns=extra,
-            resume_rows=None if resumed is None else resumed["rows"],
-        )
+        resumed = _checkpoint_to_resume(run_dir, header, resume, parts.device)
+        recorder = RunRecorder(run_dir, extra_columns=parts.columns,
+                               resume_rows=None if resumed is None else resumed["rows"])  # fmt: skip
         if resumed is None:
             recorder.write_config(to_yaml(cfg), cfg.seed, argv)
         else:
             recorder.note_resume(argv)
-        b = cfg.budget
+        checkpointer = _checkpointer(cfg, run_dir / CHECKPOINT_FILE, header)
+        guard = _guard(cfg)
+        b, ev = cfg.budget, cfg.eval
         sim = Simulator(
-            strategy=strategy,
-            executor=executor,
-            population=population,
-            initial=initial,
-            client_sizes=sizes,
-            seed=cfg.seed,
-            budget=Budget(
-                virtual_time=b.virtual_time, aggregations=b.aggregations, updates=b.updates
-            ),
-            evaluate=evaluator,
-            on_record=recorder.record,
-            on_progress=progress,
-            eval_every_aggregations=cfg.eval.every_aggregations,
-            eval_every_virtual_seconds=cfg.eval.every_virtual_seconds,
-            divergence_factor=cfg.eval.divergence_factor,
-            evaluate_clients=client_eval,
-            evaluate_more=more.more if more is not None else None,
-            importance=importance,
-            on_aggregate=_validation_schedule(evaluator, cfg.eval.val_every_aggregations),
-            guard=_guard(cfg),
-            faults=_faults(cfg, p.num_clients),
-            execute=None if lockstep is None else lockstep[0].execute(lockstep[1], executor),
-        )
+            strategy=parts.strategy, executor=parts.executor, population=parts.population,
+            initial=parts.initial, seed=cfg.seed,
+            budget=Budget(virtual_time=b.virtual_time, aggregations=b.aggregations,
+                          updates=b.updates),
+            observers=[
+                EvaluationSchedule(ev.every_aggregations, ev.every_virtual_seconds),
+                *parts.metrics, recorder,
+                DivergenceCheck(ev.divergence_factor, guarded=guard is not None and guard.checks),
+                *([] if progress is None else [Progress(progress)]),
+                *([] if checkpointer is None else [checkpointer]),
+            ],
+            guard=guard,
+        )  # fmt: skip
+        if lockstep is not None:
+            sim.execute = lockstep[0].execute(lockstep[1], parts.executor)
         if resumed is not None:
             restore(sim, resumed["state"])
-        ck = cfg.checkpoint
-        checkpointer = None
-        if ck.every_aggregations is not None or ck.every_seconds is not None:
-            checkpointer = Checkpointer(
-                ck_path,
-                header,
-                every_aggregations=ck.every_aggregations,
-                every_seconds=ck.every_seconds,
-            )
-            sim.on_progress = _chain(progress, checkpointer)
     if lockstep is not None:
         if checkpointer is not None:
             lockstep[0].on_interrupt(lockstep[1], checkpointer.interrupt)
         lockstep[0].built(lockstep[1])
+    summary, error = _run(sim, cfg, recorder, run_dir, wall0, checkpointer, parts)
+    return RunResult(run_dir=run_dir, summary=summary, history=sim.history, error=error)
+
+
+def _run(
+    sim: Simulator, cfg: ExperimentConfig, recorder: RunRecorder, run_dir: Path, wall0: float,
+    checkpointer: Checkpointer | None, parts: _Parts,
+) -> tuple[dict[str, Any], str | None]:  # fmt: skip
+    """Run ``sim`` and complete the run folder: summary.json, clients.csv."""
     # Ctrl-C stops the loop at the next event (after a checkpoint); once the loop is over it
     # is ignored until the run folder is complete
     with stop_on_sigint(checkpointer):
         try:
             summary, error = _run_and_record(sim, cfg, recorder, run_dir, wall0)
-            summary.update(strategy.summary)  # e.g. cis-balanced's measured σ
+            summary.update(parts.strategy.summary)  # e.g. cis-balanced's measured σ
         finally:
-            close = getattr(executor, "close", None)  # (Ray actors)
+            close = getattr(parts.executor, "close", None)  # (Ray actors)
             if close is not None:
                 close()
-        if val_xy is not None:  # test accuracy of the best-validation checkpoint (SALF Table II)
-            summary["val_best_test_accuracy"] = evaluator.best_val_test_accuracy
-            summary["best_val_accuracy"] = evaluator.best_val
-            summary["validations"] = evaluator.validations
+        v = parts.validation
+        if v is not None:  # test accuracy of the best-validation checkpoint (SALF Table II)
+            summary["val_best_test_accuracy"] = v.best_val_test_accuracy
+            summary["best_val_accuracy"] = v.best_val
+            summary["validations"] = v.validations
+        losses = None if parts.client_losses is None else parts.client_losses.last
         recorder.write_summary(summary)
-        recorder.write_clients(client_table(sim, strategy, population, importance))
+        recorder.write_clients(client_table(
+            sim, parts.strategy, parts.population, parts.importance, parts.sizes, losses
+        ))  # fmt: skip
         if summary["status"] != "interrupted":  # finished or diverged: nothing to resume
             (run_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
-    return RunResult(run_dir=run_dir, summary=summary, history=sim.history, error=error)
+    return summary, error
+
+
+def _checkpoint_to_resume(
+    run_dir: Path, header: dict[str, Any], resume: bool, device: torch.device
+) -> dict[str, Any] | None:
+    """The checkpoint in ``run_dir`` to continue (``resume``), checked against ``header``;
+    otherwise any old one is removed, so that it is never resumed into this run."""
+    ck_path = run_dir / CHECKPOINT_FILE
+    if run_dir.is_dir():  # left by a process killed while writing a checkpoint
+        for tmp in run_dir.glob(".checkpoint-*.tmp"):
+            tmp.unlink(missing_ok=True)
+    if resume and ck_path.is_file():
+        resumed: dict[str, Any] = read_checkpoint(ck_path, map_location=device)
+        check_resumable(resumed, header, run_dir)
+        return resumed
+    ck_path.unlink(missing_ok=True)
+    return None
+
+
+def _checkpointer(cfg: ExperimentConfig, path: Path, header: dict[str, Any]) -> Checkpointer | None:
+    ck = cfg.checkpoint
+    if ck.every_aggregations is None and ck.every_seconds is None:
+        return None
+    return Checkpointer(path, header, every_aggregations=ck.every_aggregations,
+                        every_seconds=ck.every_seconds)  # fmt: skip

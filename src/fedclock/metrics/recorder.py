@@ -239,6 +239,10 @@ class RunRecorder:
         self._writer.writerow({k: _fmt(row[k]) for k in self.columns})
         self._fh.flush()
 
+    def on_evaluation(self, sim: Any, row: dict[str, Any]) -> None:
+        """As an observer: writes every evaluation row."""
+        self.record(row)
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         path = self.run_dir / "summary.json"
         tmp = path.with_name(".summary.json.tmp")

@@ -210,6 +210,8 @@ def _count(counts: dict[str, dict[object, int]], key: str | None) -> int:
     return sum(counts.get(key, {}).values())
 
 
+# (over 80 lines: one forward/backward pass under the flop counter, whose hooks and
+# per-module bookkeeping share their state; split when it next changes)
 def layer_view(
     model: nn.Module, input_shape: tuple[int, ...], *, batch: int = 8
 ) -> tuple[LayerInfo, ...]:

@@ -227,7 +227,8 @@ class CellRunner:
                     group = refs[done[0]]
                     try:
                         collect(group, ray.get(done[0]))
-                    except Exception as exc:
+                    except Exception as exc:  # any failure of a Ray task (RayTaskError,
+                        # a lost worker) is its cells' result: the other groups go on
                         cause = getattr(exc, "cause", None) or exc
                         collect(group, [_sentence(cause)] * len(group))
             finally:
@@ -276,7 +277,8 @@ class CellRunner:
                     try:
                         out[cell.run_dir] = result = future.result()
                         self.on_event("done", cell.label, result)
-                    except Exception as exc:
+                    except Exception as exc:  # the cell's error or a dead worker
+                        # (BrokenProcessPool): _failed retries or reports it, others go on
                         self._failed(cell, exc, tries, todo, out)
         return out
 
@@ -345,7 +347,7 @@ class CellRunner:
                     try:
                         out[cell.run_dir] = result = ray.get(done[0])
                         self.on_event("done", cell.label, result)
-                    except Exception as exc:
+                    except Exception as exc:  # as above, from a Ray task
                         cause = getattr(exc, "cause", None) or exc
                         self._failed(cell, cause, tries, todo, out)
             return out

@@ -35,6 +35,7 @@ from fedclock.runs.tables import aggregate_rows, write_pivot, write_table
 
 
 @reusing_data()  # its cells read one copy of their data (see DataReuse)
+# (over 80 lines: as run_compare, its phases share their locals; not split in issue 31)
 def run_sweep(
     cfg: ExperimentConfig,
     path: str,

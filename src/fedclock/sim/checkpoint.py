@@ -79,9 +79,18 @@ def components(root: object) -> Iterator[tuple[str, object]]:
         yield path, obj
         skip = getattr(type(obj), "checkpoint_skip", ())
         for name, value in vars(obj).items():
-            if name in skip or id(value) in seen or not is_component(value):
+            if name in skip or id(value) in seen:
                 continue
-            yield from walk(value, f"{path}.{name}")
+            if is_component(value):
+                yield from walk(value, f"{path}.{name}")
+            elif isinstance(value, list) and name == "observers":  # the simulator's
+                # (keyed by class, not position: a resume may add or drop a stateless one)
+                counts: dict[str, int] = {}
+                for v in value:
+                    if is_component(v) and id(v) not in seen:
+                        key = type(v).__name__
+                        counts[key] = counts.get(key, 0) + 1
+                        yield from walk(v, f"{path}.{name}.{key}{counts[key]}")
 
     yield from walk(root, "")
 
@@ -371,7 +380,7 @@ class Checkpointer:
     steps, every ``every_seconds`` of wall time, and when Ctrl-C asked the run to stop
     (:meth:`interrupt`; the run then stops with ``KeyboardInterrupt`` right after writing).
 
-    Called once per event (the simulator's progress hook); ``header`` goes into every file
+    An observer called after every event (``on_event``); ``header`` goes into every file
     (format, versions, digests), with the number of metrics.csv rows the state covers.
     """
 
@@ -395,7 +404,7 @@ class Checkpointer:
     def interrupt(self) -> None:
         self.interrupted = True
 
-    def __call__(self, sim: Any) -> None:
+    def on_event(self, sim: Any) -> None:
         if sim.stop_reason is not None:  # the run is ending: nothing left to resume
             return
         aggregations = sim.counters.aggregations

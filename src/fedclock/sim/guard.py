@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,10 +33,22 @@ def update_norm(contribution: Contribution) -> float:
 
 @dataclass(frozen=True)
 class UpdateGuard:
-    """Rejects updates that are not finite (training loss or Δ) or whose ‖Δ‖₂ > ``max_norm``."""
+    """Rejects updates that are not finite (training loss or Δ) or whose ‖Δ‖₂ > ``max_norm``;
+    with ``faults``, the faulty clients' updates are corrupted first (the test bench)."""
 
     reject_nonfinite: bool = True
     max_norm: float | None = None
+    faults: FaultInjector | None = None
+
+    @property
+    def checks(self) -> bool:
+        """Whether it rejects anything (a guard may only carry the fault injector)."""
+        return self.reject_nonfinite or self.max_norm is not None
+
+    def corrupt(self, contributions: Sequence[Contribution]) -> Sequence[Contribution]:
+        if self.faults is None:
+            return contributions
+        return [self.faults.apply(c) for c in contributions]
 
     def rejects(self, contribution: Contribution) -> bool:
         if self.reject_nonfinite and not math.isfinite(contribution.train_loss):

@@ -18,10 +18,9 @@ Accounting (all in virtual seconds / bytes):
   client's base version, Fraboni et al.'s n − ρ_i(n)) and the weight the
   aggregator gave it (``Contribution.weight``), summed per client.
 
-With ``evaluate_clients`` every evaluation also measures each client's training
-loss L_i of the global model and records the federated loss (eq. 2), the
-surrogate loss (eq. 10) and the spread of the client losses
-(:func:`fedclock.metrics.recorder.federated_metrics`).
+Everything that watches the run (evaluation and its schedule, the recorder, validation,
+client losses, checkpoints, progress) is an observer (:mod:`fedclock.sim.observers`);
+:meth:`Simulator.evaluate` builds an evaluation row of the counters for them to fill.
 """
 
 from __future__ import annotations
@@ -41,9 +40,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from fedclock.errors import DivergenceError
-from fedclock.metrics.recorder import federated_metrics
 from fedclock.rng import stream
-from fedclock.sim.guard import FaultInjector, UpdateGuard
+from fedclock.sim.guard import UpdateGuard
+from fedclock.sim.observers import HOOKS
 from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
 
 if TYPE_CHECKING:
@@ -51,6 +50,9 @@ if TYPE_CHECKING:
     from fedclock.devices.population import Population
 
 _ARRIVAL, _TIMER, _EVAL = 0, 1, 2
+# rejected updates in a row after which the guard declares the run diverged: at least this
+# many, and this many per client (every client had several chances)
+REJECTED_STREAK, REJECTED_PER_CLIENT = 1000, 10
 _heappush = heapq.heappush
 
 
@@ -155,10 +157,6 @@ class Context:
         return self._sim.population
 
     @property
-    def client_sizes(self) -> np.ndarray:
-        return self._sim.client_sizes
-
-    @property
     def counters(self) -> Counters:
         return self._sim.counters
 
@@ -205,16 +203,16 @@ class Context:
         """Abort an in-flight task now: its partial compute counts as wasted."""
         self._sim.cancel(task)
 
-    def discard(self, contribution: Contribution) -> None:
-        """Drop an arrived update: its compute counts as wasted."""
-        self._sim.discard(contribution)
-
     def commit(self, contributions: Sequence[Contribution]) -> ModelVersion:
         """Aggregate ``contributions`` into a new global model (one server step)."""
         return self._sim.commit(contributions)
 
 
 class Simulator:
+    """The event loop. ``observers`` watch it through the hooks of
+    :mod:`fedclock.sim.observers` (evaluation, recording, validation, checkpoints,
+    progress); ``guard`` screens updates before the aggregator sees them."""
+
     def __init__(
         self,
         *,
@@ -222,47 +220,28 @@ class Simulator:
         executor: Executor,
         population: Population,
         initial: ModelVersion,
-        client_sizes: np.ndarray,
         seed: int,
         budget: Budget,
-        evaluate: Callable[[ModelVersion], tuple[float, float]],
-        on_record: Callable[[dict[str, Any]], None] = lambda row: None,
-        on_progress: Callable[[Simulator], None] | None = None,
-        eval_every_aggregations: int | None = 1,
-        eval_every_virtual_seconds: float | None = None,
-        divergence_factor: float | None = None,
-        evaluate_clients: Callable[[ModelVersion], np.ndarray] | None = None,
-        evaluate_more: Callable[[ModelVersion], dict[str, float]] | None = None,
-        importance: np.ndarray | None = None,
-        on_aggregate: Callable[[ModelVersion, int], None] | None = None,
+        observers: Sequence[object] = (),
         guard: UpdateGuard | None = None,
-        faults: FaultInjector | None = None,
-        execute: Callable[[Sequence[Task]], list[Contribution]] | None = None,
     ) -> None:
         self.strategy = strategy
         self.executor = executor
         # how a batch of tasks is trained: the executor's run, or (run batching) a call
-        # that trains it together with other simulations' batches
-        self.execute = executor.run if execute is None else execute
+        # that trains it together with other simulations' batches (set by run_experiment)
+        self.execute: Callable[[Sequence[Task]], list[Contribution]] = executor.run
         self.population = population
         self.model = initial
-        self.client_sizes = client_sizes
         self.seed = seed
         self.budget = budget
-        self.evaluate = evaluate
-        self.on_record = on_record
-        self.on_progress = on_progress
-        self.eval_every_aggregations = eval_every_aggregations
-        self.eval_every_virtual_seconds = eval_every_virtual_seconds
-        self.divergence_factor = divergence_factor
-        self.evaluate_clients = evaluate_clients
-        self.evaluate_more = evaluate_more  # extra metrics.csv columns (e.g. per-exit accuracy)
-        self.importance = importance  # p_i of eq. 2 (default: ∝ client sizes)
-        self.on_aggregate = on_aggregate  # (new version, aggregation count), after records
+        self.observers = list(observers)
         self.guard = guard  # refuses bad updates before the aggregator sees them
-        self.faults = faults  # corrupts the updates of faulty clients (a test bench)
         self._rejected_streak = 0  # updates rejected since the last accepted one
-        self.last_client_losses: np.ndarray | None = None
+        # each hook's bound methods, in observer order
+        self._hooks: dict[str, list[Callable[..., None]]] = {
+            h: [f for o in self.observers if (f := getattr(o, h, None)) is not None] for h in HOOKS
+        }
+        self._ticks = 0  # evaluation ticks in the heap (evaluate_every)
 
         self.now = 0.0
         self.counters = Counters()
@@ -286,8 +265,6 @@ class Simulator:
         self._results: dict[int, Contribution] = {}
         self._in_flight: dict[int, Task] = {}
         self._last_eval: tuple[int, float] | None = None
-        # (model version, accuracy, loss, other columns) of the last evaluation
-        self._eval_cache: tuple[int, float, float, dict[str, Any]] | None = None
         self._wall0 = time.perf_counter()
         self.history: list[dict[str, Any]] = []
         self._resumed = False  # restore_state() was called: the loop skips the start
@@ -341,6 +318,8 @@ class Simulator:
         self.push(task.t_finish, _ARRIVAL, task)
         if self._on_dispatch is not None:
             self._on_dispatch(task)
+        for f in self._hooks["on_dispatch"]:
+            f(self, task)
         return task
 
     def start(self, client: int) -> Task:
@@ -369,6 +348,8 @@ class Simulator:
         _heappush(self._heap, (now + (down + compute + up), next(self._seq), _ARRIVAL, task))
         if self._on_dispatch is not None:
             self._on_dispatch(task)
+        for f in self._hooks["on_dispatch"]:
+            f(self, task)
         return task
 
     def cancel(self, task: Task) -> None:
@@ -383,33 +364,15 @@ class Simulator:
         self.counters.compute_s_wasted += done
         self.counters.updates_discarded += 1
 
-    def discard(self, contribution: Contribution) -> None:
-        self.counters.updates_discarded += 1
-        self.counters.compute_s_wasted += contribution.task.timing.compute_s
-
     def commit(self, contributions: Sequence[Contribution]) -> ModelVersion:
-        if self.faults is not None:
-            contributions = [self.faults.apply(c) for c in contributions]
         guard = self.guard
         if guard is not None:
-            kept = []
-            for c in contributions:
-                if guard.rejects(c):  # counted and wasted, never aggregated
-                    self.counters.updates_rejected += 1
-                    self.counters.compute_s_wasted += c.task.timing.compute_s
-                else:
-                    kept.append(c)
-            if not kept:  # nothing left: no server step
-                self._rejected_streak += len(contributions)
-                if self._rejected_streak >= max(1000, 10 * len(self.population)):
-                    raise DivergenceError(
-                        f"The update guard rejected the last {self._rejected_streak} updates "
-                        f"in a row (t = {self.now:.4g} s), so the model cannot move; loosen "
-                        "guard.max_update_norm or lower population.faults.fraction."
-                    )
-                return self.model
-            self._rejected_streak = 0
-            contributions = kept
+            contributions = guard.corrupt(contributions)  # the fault injector's test bench
+            if guard.checks:
+                kept = self._screen(guard, contributions)
+                if kept is None:  # nothing left: no server step
+                    return self.model
+                contributions = kept
         isfinite = math.isfinite
         for c in contributions:
             if not isfinite(c.train_loss):
@@ -438,11 +401,8 @@ class Simulator:
             weight = c.weight
             if weight is not None:
                 received[client] = received_get(client, 0.0) + weight
-        k = self.eval_every_aggregations
-        if k is not None and ctr.aggregations % k == 0:
-            self._record(self.now)
-        if self.on_aggregate is not None:
-            self.on_aggregate(self.model, ctr.aggregations)
+        for f in self._hooks["on_aggregation"]:
+            f(self, self.model)
         b = self.budget
         if self.stop_reason is None:
             if b.aggregations is not None and ctr.aggregations >= b.aggregations:
@@ -450,6 +410,32 @@ class Simulator:
             elif b.updates is not None and ctr.updates_used >= b.updates:
                 self.stop_reason = StopReason.UPDATES
         return self.model
+
+    def _screen(
+        self, guard: UpdateGuard, contributions: Sequence[Contribution]
+    ) -> list[Contribution] | None:
+        """The updates the guard keeps (the others counted and wasted, never aggregated);
+        None when it keeps none."""
+        kept = []
+        for c in contributions:
+            if guard.rejects(c):
+                self.counters.updates_rejected += 1
+                self.counters.compute_s_wasted += c.task.timing.compute_s
+            else:
+                kept.append(c)
+        if kept:
+            self._rejected_streak = 0
+            return kept
+        self._rejected_streak += len(contributions)
+        if self._rejected_streak >= max(
+            REJECTED_STREAK, REJECTED_PER_CLIENT * len(self.population)
+        ):
+            raise DivergenceError(
+                f"The update guard rejected the last {self._rejected_streak} updates "
+                f"in a row (t = {self.now:.4g} s), so the model cannot move; loosen "
+                "guard.max_update_norm or lower population.faults.fraction."
+            )
+        return None
 
     def _flush(self) -> None:
         """Execute every pending task in one executor batch.
@@ -467,25 +453,16 @@ class Simulator:
         for contribution in self.execute(batch):
             results[contribution.task.task_id] = contribution
 
-    # ------------------------------------------------------------ records
-    def _record(self, t: float) -> None:
+    # ------------------------------------------------------------ evaluations
+    def evaluate(self, t: float) -> None:
+        """One evaluation row at virtual time ``t``: the counters, then every observer's
+        ``on_evaluation`` (the metrics, then who reads them); once per (version, t)."""
         key = (self.model.version, t)
         if self._last_eval == key:
             return
         self._last_eval = key
         ctr = self.counters
-        cached = self._eval_cache
-        if cached is not None and cached[0] == self.model.version:
-            # the model has not changed since the last evaluation (a fine evaluation grid
-            # over synchronous rounds): the same metrics, not computed again
-            _, acc, loss, more = cached
-        else:
-            acc, loss = self.evaluate(self.model)
-            more = {} if self.evaluate_more is None else self.evaluate_more(self.model)
-            if self.evaluate_clients is not None:
-                self.last_client_losses = self.evaluate_clients(self.model)
-            self._eval_cache = (self.model.version, acc, loss, more)
-        row = {
+        row: dict[str, Any] = {
             "virtual_time": t,
             "wall_time": time.perf_counter() - self._wall0,
             "aggregation": ctr.aggregations,
@@ -493,49 +470,25 @@ class Simulator:
             "updates_used": ctr.updates_used,
             "updates_discarded": ctr.updates_discarded,
             "updates_rejected": ctr.updates_rejected,
-            "test_accuracy": acc,
-            "test_loss": loss,
             "bytes_up": ctr.bytes_up,
             "bytes_down": ctr.bytes_down,
             "compute_s_spent": ctr.compute_s_spent,
             "compute_s_wasted": ctr.compute_s_wasted,
         }
-        row.update(more)
-        if self.evaluate_clients is not None and self.last_client_losses is not None:
-            row.update(self.client_metrics(self.last_client_losses))
         self.history.append(row)
-        self.on_record(row)
-        initial = self.history[0]["test_loss"]
-        factor = self.divergence_factor
-        if not math.isfinite(loss) or (factor is not None and loss > factor * initial):
-            raise DivergenceError(
-                f"Training diverged: the test loss is {loss:.4g} after aggregation "
-                f"{ctr.aggregations} (t = {t:.4g} s), against {initial:.4g} at the start; "
-                "lower train.lr"
-                + (
-                    "."
-                    if math.isfinite(loss) or self.guard is not None
-                    else " (or set guard.reject_nonfinite: true if clients may send corrupt updates)."
-                )
-            )
+        for f in self._hooks["on_evaluation"]:
+            f(self, row)
+
+    def evaluate_every(self, dt: float) -> None:
+        """An evaluation every ``dt`` virtual seconds from now (a tick that re-arms itself)."""
+        self._ticks += 1
+        self.push(self.now + dt, _EVAL, dt)
 
     def per_client(self, counts: dict[int, int] | dict[int, float]) -> np.ndarray:
         out = np.zeros(len(self.population))
         for client, v in counts.items():
             out[client] = v
         return out
-
-    def client_metrics(self, losses: np.ndarray) -> dict[str, float]:
-        """Federated / surrogate / participation losses and the spread, from client losses."""
-        p = self.importance
-        if p is None:
-            p = self.client_sizes / self.client_sizes.sum()
-        return federated_metrics(
-            losses,
-            p,
-            weight_received=self.per_client(self.counters.weight_received),
-            participations=self.per_client(self.counters.participation),
-        )
 
     # ------------------------------------------------------------ checkpoints
     def checkpoint_state(self) -> dict[str, Any]:
@@ -559,7 +512,6 @@ class Simulator:
             "last_eval": self._last_eval,
             "history": self.history,
             "rejected_streak": self._rejected_streak,
-            "last_client_losses": self.last_client_losses,
             "model": self.model,
             "wall_s": time.perf_counter() - self._wall0,
         }
@@ -585,7 +537,7 @@ class Simulator:
         self._last_eval = state["last_eval"]
         self.history = list(state["history"])
         self._rejected_streak = state["rejected_streak"]
-        self.last_client_losses = state["last_client_losses"]
+        self._ticks = sum(1 for event in self._heap if event[2] == _EVAL)
         self.model = state["model"]
         self._wall0 = time.perf_counter() - state["wall_s"]
         self._resumed = True
@@ -603,30 +555,25 @@ class Simulator:
                 self._loop()
         finally:
             self._settle_in_flight()
-        self._record(self.now)
-        if self.on_progress is not None:
-            self.on_progress(self)
+        for f in self._hooks["on_end"]:
+            f(self)
         assert self.stop_reason is not None
         return self.stop_reason
 
     def _loop(self) -> None:
-        dt = self.eval_every_virtual_seconds
         if not self._resumed:  # (a restored run has its start behind it)
-            self._record(0.0)
-            if dt is not None:
-                self.push(dt, _EVAL, None)
+            for f in self._hooks["on_start"]:
+                f(self)
             self.strategy.on_start(self.ctx)
         # the loop runs once per event: everything it touches is bound to a local
         heap, pop, push = self._heap, heapq.heappop, heapq.heappush
         in_flight, results, counters = self._in_flight, self._results, self.counters
         on_arrival, on_timer = self.strategy.on_arrival, self.strategy.on_timer
-        on_progress, ctx, flush = self.on_progress, self.ctx, self._flush
+        observe_arrival, after_event = self._hooks["on_arrival"], self._hooks["on_event"]
+        ctx, flush = self.ctx, self._flush
         t_end = self.budget.virtual_time
         if t_end is None:
             t_end = math.inf
-        # the heap holds one evaluation tick at most (it re-arms itself); arrivals and
-        # timers are the live events: with none left the run is idle
-        ticks = 0 if dt is None else 1
         # `while True` + break, not `while <condition>`: CPython 3.11 only specializes
         # the bytecode of a function called once when it takes an unconditional
         # backward jump, so a `while <condition>` loop would run unspecialized
@@ -634,7 +581,7 @@ class Simulator:
         while True:
             if self.stop_reason is not None:
                 break
-            if len(heap) == ticks:
+            if len(heap) == self._ticks:  # only evaluation ticks left: nothing can happen
                 self.stop_reason = StopReason.IDLE
                 break
             event = pop(heap)
@@ -662,15 +609,16 @@ class Simulator:
                 counters.bytes_up += task.cost.bytes_up
                 counters.updates_received += 1
                 counters.compute_s_spent += task.timing.compute_s
+                for f in observe_arrival:
+                    f(self, contribution)
                 on_arrival(ctx, contribution)
             elif kind == _TIMER:
                 on_timer(ctx, payload)
-            else:
-                self._record(t)
-                assert dt is not None
-                push(heap, (t + dt, next(self._seq), _EVAL, None))
-            if on_progress is not None:
-                on_progress(self)
+            else:  # an evaluation tick; it re-arms itself (payload: its period)
+                self.evaluate(t)
+                push(heap, (t + payload, next(self._seq), _EVAL, payload))
+            for f in after_event:
+                f(self)
 
     def _settle_in_flight(self) -> None:
         """Work still in flight when the run stops is never aggregated: spent and wasted."""

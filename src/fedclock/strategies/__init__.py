@@ -19,6 +19,7 @@ from fedclock.config import (
     FedAvgOptions,
     FedBuffOptions,
     FedFixOptions,
+    FedNovaOptions,
     FedProxOptions,
     FedRAAMPOptions,
     FedRAAOptions,
@@ -31,17 +32,18 @@ from fedclock.config import (
     own_fields,
 )
 from fedclock.errors import ConfigError
-from fedclock.strategies.aggregators import FedAvgAggregator, fedavg_weights
+from fedclock.strategies.aggregators import Importance, Update, client_importance
 from fedclock.strategies.asynchronous import (
     ArrivalBuffer,
     FixedPeriod,
-    StepAggregator,
+    StalenessWeighting,
     UpdateTimes,
     WeightRule,
     build_async,
 )
 from fedclock.strategies.base import BuildInfo, Strategy
 from fedclock.strategies.cis import build_cis
+from fedclock.strategies.fednova import FedNovaWeighting, normalized_buffers
 from fedclock.strategies.fedraa import build_fedraa
 from fedclock.strategies.planners import LocalSGDPlanner, local_sgd_plan
 from fedclock.strategies.salf import build_salf_family
@@ -87,7 +89,7 @@ def _fedavg(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         name="fedavg",
         planner=_local_sgd(cfg, info),
         trigger=SyncRounds(client_fraction=s.client_fraction),
-        aggregator=FedAvgAggregator(weights=s.weights, server=server_optimizer(s, lr=s.server_lr)),
+        aggregator=Update(Importance(s.weights), server=server_optimizer(s, lr=s.server_lr)),
         needs=Needs(synchronous=True),
     )
 
@@ -101,8 +103,30 @@ def _fedprox(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         name="fedprox",
         planner=_local_sgd(cfg, info),
         trigger=SyncRounds(client_fraction=s.client_fraction),
-        aggregator=FedAvgAggregator(weights=s.weights, server=server_optimizer(s, lr=s.server_lr)),
+        aggregator=Update(Importance(s.weights), server=server_optimizer(s, lr=s.server_lr)),
         needs=Needs(synchronous=True, proximal_mu=s.mu),
+    )
+
+
+def _fednova(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
+    """FedNova (Wang et al. 2020, §4): FedAvg's rounds, the update weighted by
+    ω_i = τ_eff · p_i / τ_i (normalized averaging of plain local SGD)."""
+    s = cfg.strategy
+    assert isinstance(s, FedNovaOptions)
+    if cfg.train.momentum:
+        raise ConfigError(
+            "Strategy 'fednova' normalizes plain local SGD (‖a_i‖₁ = τ_i): set train.momentum: 0."
+        )
+    return Strategy(
+        name="fednova",
+        planner=_local_sgd(cfg, info),
+        trigger=SyncRounds(client_fraction=s.client_fraction),
+        aggregator=Update(
+            FedNovaWeighting(s.weights),
+            buffers=normalized_buffers,
+            server=server_optimizer(s, lr=s.server_lr),
+        ),
+        needs=Needs(synchronous=True),
     )
 
 
@@ -119,7 +143,7 @@ def _drop_stragglers(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         name="drop-stragglers",
         planner=_local_sgd(cfg, info),
         trigger=SyncRounds(client_fraction=s.client_fraction, t_max=s.t_max),
-        aggregator=FedAvgAggregator(weights=s.weights, server=server_optimizer(s, lr=s.server_lr)),
+        aggregator=Update(Importance(s.weights), server=server_optimizer(s, lr=s.server_lr)),
         needs=Needs(synchronous=True, deadline=s.t_max),
     )
 
@@ -153,6 +177,12 @@ STRATEGIES: dict[str, StrategySpec] = {
             "FedProx: FedAvg rounds, local objective F_k + (μ/2)‖θ − θ^t‖² (strategy.mu)",
             _fedprox,
             FedProxOptions,
+        ),
+        StrategySpec(
+            "fednova",
+            "FedNova (Wang et al.): FedAvg rounds, Δ_i weighted τ_eff·p_i/τ_i (normalized averaging)",
+            _fednova,
+            FedNovaOptions,
         ),
         StrategySpec(
             "drop-stragglers",
@@ -277,18 +307,19 @@ __all__ = [
     "STRATEGIES",
     "ArrivalBuffer",
     "BuildInfo",
-    "FedAvgAggregator",
     "FixedPeriod",
+    "Importance",
     "LocalSGDPlanner",
     "ServerOptimizer",
-    "StepAggregator",
+    "StalenessWeighting",
     "Strategy",
     "StrategySpec",
     "SyncRounds",
+    "Update",
     "UpdateTimes",
     "WeightRule",
     "build_strategy",
-    "fedavg_weights",
+    "client_importance",
     "local_sgd_plan",
     "select_clients",
 ]

@@ -1,14 +1,15 @@
 """The asynchronous family on one aggregation rule (Fraboni et al. eq. 6) and FedAsync.
 
-One aggregator, :class:`StepAggregator`, implements
+Their server update is :class:`~fedclock.strategies.aggregators.Update` with the weighting
+:class:`StalenessWeighting`:
 
     θ^{n+1} = θ^n + η_g Σ_{i ∈ S_n} ω_i(n) Δ_i(ρ_i(n)),   ω_i(n) = d_i · s(n − ρ_i(n))   (eq. 5–6)
 
 where Δ_i was computed on the (possibly stale) version ρ_i(n) the client received
 (the task's ``base``), d_i comes from a :class:`WeightRule` (:mod:`.weights`) and
-s is an optional staleness weight (FLSim-style; constant by default). Optional
-server momentum β replaces the step by v ← β v + step. With ``mix=True`` it is
-FedAsync's θ ← (1 − α_t) θ + α_t θ_new, i.e. θ + α_t (θ_base + Δ − θ).
+s is an optional staleness weight (FLSim-style; constant by default); the server step
+may add momentum or Adam. With the target ``mix`` it is FedAsync's
+θ ← (1 − α_t) θ + α_t θ_new, i.e. θ + α_t (θ_base + Δ − θ).
 
 Three triggers decide when S_n closes (the fourth, the barrier, is
 :class:`~fedclock.strategies.triggers.SyncRounds`):
@@ -35,14 +36,19 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
 
 from fedclock.errors import ConfigError
 from fedclock.sim.simulator import Context
-from fedclock.sim.types import Contribution, ModelVersion, Params, Task
-from fedclock.strategies.aggregators import fedavg_weights, weighted_delta
+from fedclock.sim.types import Contribution, ModelVersion, Task
+from fedclock.strategies.aggregators import (
+    Update,
+    client_importance,
+    mix,
+    mix_buffers,
+    step_buffers,
+)
 from fedclock.strategies.base import BuildInfo, Planner, Strategy
-from fedclock.strategies.server import ServerOptimizer, server_optimizer
+from fedclock.strategies.server import server_optimizer
 from fedclock.strategies.weights import (
     Staleness,
     fedbuff_weights,
@@ -190,79 +196,29 @@ class ConstantWeight:
         return np.full(len(contributions), self.value)
 
 
-class StepAggregator:
-    """The general rule θ ← θ + η_g Σ ω_i Δ_i (eq. 6), or FedAsync's mixing (``mix``).
-
-    Sets ``contribution.weight`` to the ω_i it applied. Floating-point buffers
-    follow the same rule with the buffer deltas (b_i − b_base); others keep the
-    server's values. An empty commit leaves the model unchanged.
-    """
+class StalenessWeighting:
+    """ω_i(n) = d_i · s(n − ρ_i(n)) (Fraboni et al. eq. 6): d_i from ``weights`` (a
+    :class:`WeightRule` or :class:`ConstantWeight`), s the staleness function over the
+    versions since the client's base (constant: ω_i = d_i)."""
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
         weights: Callable[[Context, Sequence[Contribution]], np.ndarray],
-        *,
-        server: ServerOptimizer | None = None,
         staleness: Staleness | None = None,
-        mix: bool = False,
     ) -> None:
         self.weights = weights
-        self.server = server or ServerOptimizer()
         self.staleness = staleness or Staleness()
-        self.mix = mix
 
-    def omega(
+    def __call__(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
     ) -> np.ndarray:
-        """ω_i = d_i · s(staleness_i), staleness in versions since the client's base."""
         d = np.asarray(self.weights(ctx, contributions), dtype=np.float64)
         if self.staleness.is_constant:
             return d
         s = np.array([self.staleness(base.version - c.base_version) for c in contributions])
         return d * s
-
-    def aggregate(
-        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
-    ) -> ModelVersion:
-        if not contributions:
-            return base
-        w = self.omega(ctx, base, contributions)
-        if self.mix:  # FedAsync: θ_new − θ = θ_base + Δ − θ
-            for c, wi in zip(contributions, w.tolist(), strict=True):
-                c.weight = wi
-            step = {name: _mixed(contributions, w, name, cur) for name, cur in base.params.items()}
-        else:
-            step = weighted_delta(contributions, w)
-        params = self.server.step(base.params, step)
-        buffers = self._buffers(base, contributions, w) if base.buffers else {}
-        return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
-
-    def _buffers(
-        self, base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray
-    ) -> Params:
-        out: Params = {}
-        for name, cur in base.buffers.items():
-            if not cur.is_floating_point():
-                out[name] = cur
-                continue
-            acc = torch.zeros_like(cur)
-            for c, wi in zip(contributions, w, strict=True):
-                ref = cur if self.mix else c.task.base.buffers[name]
-                acc.add_(c.buffers[name] - ref, alpha=float(wi))
-            out[name] = cur + (1.0 if self.mix else self.server.lr) * acc
-        return out
-
-
-def _mixed(
-    contributions: Sequence[Contribution], w: np.ndarray, name: str, cur: torch.Tensor
-) -> torch.Tensor:
-    """Σ_i α_i (θ_base,i + Δ_i − θ) for one parameter tensor (FedAsync)."""
-    acc = torch.zeros_like(cur)
-    for c, wi in zip(contributions, w, strict=True):
-        acc.add_(c.task.base.params[name] + c.delta[name] - cur, alpha=float(wi))
-    return acc
 
 
 # ------------------------------------------------------------------ triggers
@@ -448,9 +404,9 @@ def build_async(cfg: ExperimentConfig, info: BuildInfo, name: str, planner: Plan
     trigger: ArrivalBuffer | FixedPeriod
     if isinstance(s, FedAsyncOptions):  # θ ← (1 − α_t)·θ + α_t·θ_client on every arrival
         times = UpdateTimes("profile", planner)  # no weight rule reads τ_i
-        aggregator = StepAggregator(
-            ConstantWeight(s.alpha), server=server_optimizer(s, lr=1.0), staleness=staleness,
-            mix=True,
+        aggregator = Update(
+            StalenessWeighting(ConstantWeight(s.alpha), staleness), target=mix,
+            buffers=mix_buffers, server=server_optimizer(s, lr=1.0),
         )  # fmt: skip
         trigger = ArrivalBuffer(times, buffer_size=1, concurrency=s.concurrency)
         return Strategy(name=name, planner=planner, trigger=trigger, aggregator=aggregator)
@@ -491,12 +447,13 @@ def build_async(cfg: ExperimentConfig, info: BuildInfo, name: str, planner: Plan
         )
     rule = WeightRule(
         kind,
-        importance=fedavg_weights(info.client_sizes.tolist(), s.weights),
+        importance=client_importance(info.client_sizes.tolist(), s.weights),
         times=times,
         delta_t=s.delta_t,
         buffer_size=s.buffer_size,
     )
-    aggregator = StepAggregator(
-        rule, server=server_optimizer(s, lr=s.server_lr), staleness=staleness
-    )
+    aggregator = Update(
+        StalenessWeighting(rule, staleness), buffers=step_buffers,
+        server=server_optimizer(s, lr=s.server_lr),
+    )  # fmt: skip
     return Strategy(name=name, planner=planner, trigger=trigger, aggregator=aggregator)

@@ -7,8 +7,9 @@ al., Algorithm 1; docs/methods/cis.md, specs/cis.md and reference-implementation
 - :func:`gradient_variance` — σ_e for Balanced Adj when the config does not give it;
 - :func:`cosine_lr_scale` — the paper's per-round cosine annealing;
 - :class:`ExitWork` (Planner: each round every node draws an exit e ~ p_i and trains
-  :class:`~fedclock.models.shapes.Exit` ``(e)``), :class:`CisAggregator` (the server update
-  of Algorithm 1, or the authors' code in ``reference`` mode), :func:`build_cis`.
+  :class:`~fedclock.models.shapes.Exit` ``(e)``), :func:`cis_update` (the server update
+  of Algorithm 1 from :class:`CisWeighting` and, for the authors' code in ``reference``
+  mode, the normaliser :class:`RootAbsorbs`), :func:`build_cis`.
 
 The rounds are :class:`~fedclock.strategies.triggers.SyncRounds` over every node.
 """
@@ -36,9 +37,11 @@ from fedclock.errors import ConfigError
 from fedclock.models.early_exit import EarlyExitNet, ExitInfo, exit_view
 from fedclock.models.shapes import Exit, Layout, build_units
 from fedclock.sim.simulator import Context
-from fedclock.sim.types import Contribution, ModelVersion, TaskPlan
+from fedclock.sim.types import Contribution, ModelVersion, Params, TaskPlan
+from fedclock.strategies.aggregators import Target, Update, weighted_sum
 from fedclock.strategies.base import BuildInfo, Strategy, Work
 from fedclock.strategies.planners import local_sgd_plan
+from fedclock.strategies.server import ServerOptimizer, server_optimizer
 from fedclock.strategies.triggers import SyncRounds
 from fedclock.train.local import Needs
 
@@ -232,52 +235,21 @@ class ExitWork:
 
 
 # ----------------------------------------------------------------------------- aggregator
-class CisAggregator:
-    """The server update of Algorithm 1 (line 8), η_s = ``server_lr``:
-
-        w ← w + η_s · Σ_{(i,e)} Λ̃_e · |S_i| / |S_{e,p}| · Δ_{i,e} / p_{i,e}
-
-    with S_{e,p} the data of every node that may train exit e (p_{i,e} > 0); Δ is zero
-    outside the part a task trained; Π_W is the identity (W = ℝ^d). Floating-point buffers
-    (BatchNorm statistics) move by the same rule, η_s included; integer ones are the
-    deepest task's.
-
-    ``reference`` (the authors' code, reference-implementations.md §3.4) is three departures
-    from line 8, each of which can be turned on alone (``p_factor``, ``root_in_place``,
-    ``lower_heads``; None: as the mode):
-
-    - ``p_factor``: Δ_{i,e} divided by p_{i,e} (``divide``, line 8), taken as is (``none``)
-      or multiplied by it (``multiply``, the authors' code);
-    - ``root_in_place``: the root's model is the server's, trained in place; every other
-      node's difference to it, Δ_i − Δ_root, is added with its coefficient, so the root
-      absorbs the leftover weight of each tensor;
-    - ``lower_heads="root"``: the heads of the exits below the root's stay as the root has
-      them (w + Δ_root where the root trained them, w otherwise): the others' updates of
-      them are dropped.
-    """
+class CisWeighting:
+    """ω_{i,e} = Λ̃_e · |S_i| / |S_{e,p}| / p_{i,e} (Algorithm 1, line 8), with S_{e,p} the
+    data of every node that may train exit e (p_{i,e} > 0) and Λ̃ at round t = the server's
+    version. ``p_factor``: divide by p_{i,e} (line 8), ``none``, or ``multiply`` (the
+    authors' code)."""
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(
-        self, *, tree: Tree, p: np.ndarray, sizes: np.ndarray, weights: Any, server_lr: float,
-        mode: str, head_params: Sequence[Sequence[str]], p_factor: str | None = None,
-        root_in_place: bool | None = None, lower_heads: str | None = None,
-    ) -> None:  # fmt: skip
-        self.tree, self.p, self.server_lr, self.mode = tree, p, server_lr, mode
-        ref = mode == "reference"
-        self.p_factor = p_factor or ("multiply" if ref else "divide")
-        self.root_in_place = ref if root_in_place is None else root_in_place
-        self.keep_root_heads = (lower_heads or ("root" if ref else "aggregate")) == "root"
-        self.weights = weights  # round → Λ̃ (one per exit)
+    def __init__(self, *, p: np.ndarray, sizes: np.ndarray, weights: Any, p_factor: str) -> None:
+        self.p, self.weights, self.p_factor = p, weights, p_factor  # weights: round → Λ̃
         self.sizes = np.asarray(sizes, dtype=float)
         # |S_{e,p}|: data of the nodes that may train exit e
         self.pool = np.array([self.sizes[p[:, e] > 0].sum() for e in range(p.shape[1])])
-        self.root = tree.parent.index(-1)
-        self.lower_heads = frozenset(n for names in head_params[:-1] for n in names)
 
     def coefficient(self, t: int, client: int, e: int) -> float:
-        """Λ̃_e·|S_i|/|S_{e,p}| divided by p_{i,e} (line 8), multiplied by it (the authors'
-        code) or neither (``p_factor``)."""
         lam = float(self.weights(t)[e - 1])
         share = lam * self.sizes[client] / self.pool[e - 1]
         p = float(self.p[client, e - 1])
@@ -285,74 +257,162 @@ class CisAggregator:
             return share * p
         return share / p if self.p_factor == "divide" else share
 
-    def aggregate(
+    def __call__(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
-    ) -> ModelVersion:
-        t = base.version
-        coef = {}
+    ) -> np.ndarray:
+        out = []
         for c in contributions:
             shape = c.task.plan.shape
             assert isinstance(shape, Exit)
-            coef[id(c)] = self.coefficient(t, c.client, shape.exit)
-            c.weight = coef[id(c)]
-        roots = [c for c in contributions if c.client == self.root]
-        root = roots[0] if roots else None
-        params = {}
-        for n, w in base.params.items():
-            d_root = root.delta[n] if root is not None and root.covers(n) is not False else None
-            if self.keep_root_heads and n in self.lower_heads:
-                params[n] = w.clone() if d_root is None else w + d_root
-                continue
-            if self.root_in_place:  # the root's model, then the others against it
-                acc = w.clone() if d_root is None else w + d_root
-                for c in contributions:
-                    if c is root or c.covers(n) is False:
-                        continue
-                    diff = c.delta[n] if d_root is None else c.delta[n] - d_root
-                    acc.add_(diff, alpha=coef[id(c)])
-            else:  # line 8
-                acc = w.clone()
-                for c in contributions:
-                    if c.covers(n) is not False:
-                        acc.add_(c.delta[n], alpha=coef[id(c)])
-            params[n] = acc
-        buffers = self._buffers(base, contributions, coef, root)
-        if self.server_lr != 1.0:  # η_s on every parameter and floating-point buffer
-            params = {n: base.params[n] + self.server_lr * (v - base.params[n])
-                      for n, v in params.items()}  # fmt: skip
-            buffers = {
-                n: base.buffers[n] + self.server_lr * (v - base.buffers[n])
-                if v.is_floating_point() else v
-                for n, v in buffers.items()
-            }  # fmt: skip
-        return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
+            out.append(self.coefficient(base.version, c.client, shape.exit))
+        return np.asarray(out, dtype=np.float64)
 
-    def _buffers(
-        self, base: ModelVersion, contributions: Sequence[Contribution], coef: dict[int, float],
-        root: Contribution | None,
-    ) -> dict[str, torch.Tensor]:  # fmt: skip
-        if not base.buffers:
-            return {}
+
+class RootAbsorbs:
+    """A special case of the normaliser, the authors' code (reference-implementations.md
+    §3.4), each switch on its own:
+
+    - ``root_in_place``: the root's model is the server's, trained in place; every other
+      node's difference to it, Δ_i − Δ_root, is added with its ω, so the root absorbs the
+      leftover weight of each tensor: Δ = Δ_root + Σ_{i ≠ root} ω_i (Δ_i − Δ_root);
+    - ``keep_root_heads``: the heads of the exits below the root's stay as the root has
+      them (Δ_root where the root trained them, 0 otherwise).
+
+    Without either it is line 8's weighted sum."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self, *, root: int, lower_heads: frozenset[str], root_in_place: bool,
+        keep_root_heads: bool,
+    ) -> None:  # fmt: skip
+        self.root, self.lower_heads = root, lower_heads
+        self.root_in_place, self.keep_root_heads = root_in_place, keep_root_heads
+
+    def __call__(
+        self, base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray,
+        target: Target,
+    ) -> Params:  # fmt: skip
+        if not (self.root_in_place or self.keep_root_heads):
+            return weighted_sum(base, contributions, w, target)
+        root = next((c for c in contributions if c.client == self.root), None)
+        update: Params = {}
+        for n, theta in base.params.items():
+            d_root = None if root is None else target(root, n, theta)
+            if self.keep_root_heads and n in self.lower_heads:  # the root's update, or none
+                update[n] = torch.zeros_like(theta) if d_root is None else d_root
+                continue
+            acc = torch.zeros_like(theta)
+            if self.root_in_place and d_root is not None:
+                acc.add_(d_root)
+            against = d_root if self.root_in_place else None
+            for c, wi in zip(contributions, w.tolist(), strict=True):
+                t = None if self.root_in_place and c is root else target(c, n, theta)
+                if t is not None:
+                    acc.add_(t if against is None else t - against, alpha=wi)
+            update[n] = acc
+        return update
+
+
+class CisBuffers:
+    """Floating-point buffers (BatchNorm statistics) by line 8's rule, b + η_s Σ ω (b_i − b)
+    (against the root's with ``root_in_place``); integer ones are the deepest task's."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *, root: int, root_in_place: bool) -> None:
+        self.root, self.root_in_place = root, root_in_place
+
+    def __call__(
+        self, base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray,
+        lr: float,
+    ) -> Params:  # fmt: skip
+        root = next((c for c in contributions if c.client == self.root), None)
         deepest = max(contributions, key=lambda c: c.task.plan.shape.exit, default=None)  # type: ignore[attr-defined]
         in_place = self.root_in_place and root is not None
-        out = {}
+        out: Params = {}
         for n, b in base.buffers.items():
             if not b.is_floating_point():
                 out[n] = deepest.buffers[n].clone() if deepest is not None else b.clone()
                 continue
             start = root.buffers[n] if in_place and root is not None else b
             acc = start.clone()
-            for c in contributions:
+            for c, wi in zip(contributions, w.tolist(), strict=True):
                 if in_place and c is root:
                     continue
                 d = c.buffers[n] - start
                 if bool(d.any()):
-                    acc.add_(d, alpha=coef[id(c)])
-            out[n] = acc
+                    acc.add_(d, alpha=wi)
+            out[n] = acc if lr == 1.0 else b + lr * (acc - b)  # η_s
         return out
 
 
+def cis_update(
+    *, tree: Tree, p: np.ndarray, sizes: np.ndarray, weights: Any, server: ServerOptimizer,
+    mode: str, head_params: Sequence[Sequence[str]], p_factor: str | None = None,
+    root_in_place: bool | None = None, lower_heads: str | None = None,
+) -> Update:  # fmt: skip
+    """The server update of Algorithm 1 (line 8), η_s = the ``server`` step's rate:
+
+        w ← w + η_s · Σ_{(i,e)} Λ̃_e · |S_i| / |S_{e,p}| · Δ_{i,e} / p_{i,e}
+
+    Δ is zero outside the part a task trained; Π_W is the identity (W = ℝ^d); momentum or
+    Adam in ``server`` make it FedAvgM / FedAdam on the same update. ``reference`` (the
+    authors' code) is three departures, each of which can be turned on alone (None: as the
+    mode): ``p_factor`` (:class:`CisWeighting`), ``root_in_place`` and
+    ``lower_heads="root"`` (:class:`RootAbsorbs`)."""
+    ref = mode == "reference"
+    in_place = ref if root_in_place is None else root_in_place
+    root = tree.parent.index(-1)
+    normaliser = RootAbsorbs(
+        root=root, lower_heads=frozenset(n for names in head_params[:-1] for n in names),
+        root_in_place=in_place,
+        keep_root_heads=(lower_heads or ("root" if ref else "aggregate")) == "root",
+    )  # fmt: skip
+    return Update(
+        CisWeighting(p=p, sizes=sizes, weights=weights,
+                     p_factor=p_factor or ("multiply" if ref else "divide")),
+        normaliser=normaliser, buffers=CisBuffers(root=root, root_in_place=in_place),
+        server=server, step_when_empty=True,
+    )  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- builder
+def _lambda_schedule(
+    cfg: ExperimentConfig, info: BuildInfo, tree: Tree, exits: ExitInfo, serving: np.ndarray,
+    sizes: np.ndarray,
+) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """Round t → Λ̃ of the strategy's weighting, and what it measured (summary.json)."""
+    s = cfg.strategy
+    kind = STRATEGY_WEIGHTS[s.name]
+    if kind == "flops":
+        assert isinstance(s, CisFlopsOptions)
+        ramp_rounds = cfg.budget.aggregations if s.flops_ramp else None
+        ratio = exits.flops_ratio
+        return (lambda t: flops_weights(ratio, t, ramp_rounds)), {}
+    if kind != "balanced":
+        fixed = lambda_tilde(kind, serving=serving)
+        return (lambda t: fixed), {}
+    assert isinstance(s, CisBalancedOptions)
+    if s.sigma is not None:
+        sigma = np.asarray(s.sigma)
+    else:
+        if info.train is None:
+            raise ConfigError("cis-balanced needs strategy.sigma or the training data.")
+        x, y = info.train
+        g = torch.Generator().manual_seed(cfg.seed)
+        pick = torch.randperm(len(y), generator=g)[: s.sigma_samples]
+        sigma = gradient_variance(info.model, x[pick], y[pick], exits)
+    balanced = balanced_weights(serving, sigma, tree, sizes)
+    log.info("cis-balanced: σ = %s (%s), Λ̃ = %s",
+             " / ".join(f"{v:.3g}" for v in sigma),
+             "given" if s.sigma is not None else "measured",
+             " / ".join(f"{v:.3f}" for v in balanced))  # fmt: skip
+    report = {"cis_sigma": [float(v) for v in sigma],
+              "cis_lambda_tilde": [float(v) for v in balanced]}  # fmt: skip
+    return (lambda t: balanced), report
+
+
 def build_cis(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     """cis-equal / cis-flops / cis-serving / cis-balanced: Algorithm 1 over the cis tree."""
     s = cfg.strategy
@@ -371,37 +431,9 @@ def build_cis(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     p = p_matrix(tree, s.epsilon, s.p_rule)
     sizes = np.asarray(info.client_sizes, dtype=float)
     serving = tree.serving_rates()
-    rounds = cfg.budget.aggregations
-    kind = STRATEGY_WEIGHTS[s.name]
-    report: dict[str, Any] = {}
-    if kind == "balanced":
-        assert isinstance(s, CisBalancedOptions)
-        if s.sigma is not None:
-            sigma = np.asarray(s.sigma)
-        else:
-            if info.train is None:
-                raise ConfigError("cis-balanced needs strategy.sigma or the training data.")
-            x, y = info.train
-            g = torch.Generator().manual_seed(cfg.seed)
-            pick = torch.randperm(len(y), generator=g)[: s.sigma_samples]
-            sigma = gradient_variance(model, x[pick], y[pick], exits)
-        fixed = balanced_weights(serving, sigma, tree, sizes)
-        weights: Any = lambda t: fixed  # noqa: E731
-        report = {"cis_sigma": [float(v) for v in sigma],
-                  "cis_lambda_tilde": [float(v) for v in fixed]}  # fmt: skip
-        log.info("cis-balanced: σ = %s (%s), Λ̃ = %s",
-                 " / ".join(f"{v:.3g}" for v in sigma),
-                 "given" if s.sigma is not None else "measured",
-                 " / ".join(f"{v:.3f}" for v in fixed))  # fmt: skip
-    elif kind == "flops":
-        assert isinstance(s, CisFlopsOptions)
-        ramp_rounds = rounds if s.flops_ramp else None
-        ratio = exits.flops_ratio
-        weights = lambda t: flops_weights(ratio, t, ramp_rounds)  # noqa: E731
-    else:
-        fixed = lambda_tilde(kind, serving=serving)
-        weights = lambda t: fixed  # noqa: E731
+    weights, report = _lambda_schedule(cfg, info, tree, exits, serving, sizes)
     lr = cfg.train.lr
+    rounds = cfg.budget.aggregations
     if s.lr_schedule == "cosine":
         lr_scale: Any = lambda r: cosine_lr_scale(r, rounds, lr, s.lr_min)  # noqa: E731
     else:
@@ -422,8 +454,9 @@ def build_cis(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     heads = [
         tuple(n for n in exits.params[e] if n.startswith(f"heads.{e}.")) for e in range(tree.exits)
     ]
-    aggregator = CisAggregator(
-        tree=tree, p=p, sizes=sizes, weights=weights, server_lr=s.server_lr, mode=s.mode,
+    aggregator = cis_update(
+        tree=tree, p=p, sizes=sizes, weights=weights,
+        server=server_optimizer(s, lr=s.server_lr), mode=s.mode,
         head_params=heads, p_factor=s.p_factor, root_in_place=s.root_in_place,
         lower_heads=s.lower_heads,
     )  # fmt: skip
@@ -437,10 +470,12 @@ def build_cis(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
 
 
 __all__ = [
-    "CisAggregator",
+    "CisWeighting",
     "ExitWork",
+    "RootAbsorbs",
     "balanced_weights",
     "build_cis",
+    "cis_update",
     "cosine_lr_scale",
     "epoch_of_largest",
     "flops_weights",

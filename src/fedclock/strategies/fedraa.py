@@ -5,11 +5,13 @@ scheduler math. See ``../shared/specs/fed_raa.md``; the fragments are the
 - :func:`gre_raa` — Algorithm 2 (App. B): the fragment for an idle client;
 - :func:`k_feasible` — the smallest delay bound K for which Algorithm 2 never finds S empty;
 - :func:`k_offline` — the offline assignment's bound K (proof of Theorem 2);
-- :func:`mix_fragment` — the updater's θ^j ← (1 − α_t)·θ^j + α_t·θ^j_new on the fragment.
+- :class:`ShareDiscount` — the authors' updater's weight (reference mode);
 
 and the strategy's parts: :class:`FragmentPlanner` (Algorithm 1's scheduler, with the
-Random and MP-RAA ablations), :class:`FragmentMixAggregator` (its updater) and
-:func:`build_fedraa`.
+Random and MP-RAA ablations; q(j) changes in its ``on_commit`` hook) and
+:func:`build_fedraa`. Algorithm 1's updater θ^j ← (1 − α_t)·θ^j + α_t·θ^j_new on the
+fragment is :class:`~fedclock.strategies.aggregators.Update` with the ``mix`` target
+and FedAsync's weighting α_t = α·s(staleness).
 """
 
 from __future__ import annotations
@@ -20,18 +22,19 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
 from fedclock.devices.cost import TaskCost
 from fedclock.models.shapes import FRAGMENT_RATIOS, FULL, Fragment, Layout, build_units
 from fedclock.sim.simulator import Context
-from fedclock.sim.types import Contribution, ModelVersion, Params, Task, TaskPlan
-from fedclock.strategies.aggregators import FedAvgAggregator, weighted_delta
+from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
+from fedclock.strategies.aggregators import Importance, Update, keep_buffers, mix
 from fedclock.strategies.base import Work
-from fedclock.strategies.server import ServerOptimizer
 from fedclock.strategies.weights import Staleness
 
 log = logging.getLogger(__name__)
+
+#: the authors' discount s = 1/(1 + duration/100): its time scale in seconds (spec §2.2)
+DISCOUNT_SECONDS = 100.0
 
 #: the event that increments q(j), a fragment's update count (``strategy.count``)
 COUNT_EVENTS = ("assigned", "completed")
@@ -104,28 +107,6 @@ def k_offline(costs: np.ndarray) -> float:
             i = clients[jr * n // m]
             worst = max(worst, float(c[i, j]))
     return worst
-
-
-def mix_step(
-    theta: torch.Tensor, new: torch.Tensor, alpha: float, cover: torch.Tensor | bool
-) -> torch.Tensor | None:
-    """The update α·(θ_new − θ) of Alg. 1's mixing on the elements the fragment covers
-    (0 elsewhere; ``None`` when it covers none of the tensor)."""
-    if cover is False:
-        return None
-    step = alpha * (new - theta)
-    if isinstance(cover, torch.Tensor):
-        step = torch.where(cover, step, torch.zeros_like(step))
-    return step
-
-
-def mix_fragment(
-    theta: torch.Tensor, new: torch.Tensor, alpha: float, cover: torch.Tensor | bool
-) -> torch.Tensor:
-    """θ ← (1 − α)·θ + α·θ_new on the elements the fragment covers (Alg. 1's updater),
-    computed as θ + α·(θ_new − θ) (:func:`mix_step`); elements it does not cover keep θ."""
-    step = mix_step(theta, new, alpha, cover)
-    return theta if step is None else theta + step
 
 
 # ------------------------------------------------------------------ the strategy's parts
@@ -220,70 +201,60 @@ class FragmentPlanner:
                     self.updates[shape.index] += 1
 
 
-class ShareDiscountAggregator:
-    """The authors' updater (reference mode, spec §2.2): on each arrival θ ← θ + a·Δ with
-    a = (n_i / n_total)·s, s = 1/(1 + duration/100), duration = the update's virtual time
-    from dispatch to arrival (not a staleness in versions); Δ is zero outside the fragment
-    on the split tensors and dense on the shared ones."""
+class ShareDiscount:
+    """The authors' updater's weight (reference mode, spec §2.2): θ ← θ + a·Δ on each
+    arrival, a = (n_i / n_total)·s, s = 1/(1 + duration/100), duration = the update's
+    virtual time from dispatch to arrival (not a staleness in versions); Δ is zero outside
+    the fragment on the split tensors and dense on the shared ones."""
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, *, total_samples: int, server: ServerOptimizer) -> None:
-        self.total, self.server = total_samples, server
+    def __init__(self, total_samples: int) -> None:
+        self.total = total_samples
 
-    def aggregate(
+    def __call__(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
-    ) -> ModelVersion:
-        if not contributions:
-            return base
-        a = np.array([
-            c.num_samples / self.total / (1.0 + (ctx.now - c.task.t_start) / 100.0)
+    ) -> np.ndarray:
+        return np.array([
+            c.num_samples / self.total / (1.0 + (ctx.now - c.task.t_start) / DISCOUNT_SECONDS)
             for c in contributions
         ])  # fmt: skip
-        params = self.server.step(base.params, weighted_delta(contributions, a))
-        buffers = {n: b.clone() for n, b in base.buffers.items()}
-        return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
 
 
-class FragmentMixAggregator:
-    """Algorithm 1's updater: on each arrival θ^j ← (1 − α_t)·θ^j + α_t·θ^j_new on the
-    elements the fragment covers, α_t = α·s(staleness) (s = 1 by default), taken as the
-    server step on the update α_t·(θ^j_new − θ^j) (plain: θ plus it). (q(j) is the
-    planner's: :meth:`FragmentPlanner.on_commit`.)"""
+def _rounds_and_update(s: Any, planner: FragmentPlanner, total_samples: int) -> tuple[Any, Update]:
+    """The trigger and the server update: Sync's rounds of every client with a sample-weighted
+    sum; otherwise a server step per arrival with Alg. 1's mixing, or the authors' share
+    discount (reference mode)."""
+    from fedclock.strategies.asynchronous import (
+        ArrivalBuffer,
+        ConstantWeight,
+        StalenessWeighting,
+        UpdateTimes,
+    )
+    from fedclock.strategies.server import server_optimizer
+    from fedclock.strategies.triggers import SyncRounds
 
-    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
-
-    def __init__(self, *, alpha: float, staleness: Staleness, server: ServerOptimizer) -> None:
-        self.alpha, self.staleness, self.server = alpha, staleness, server
-
-    def aggregate(
-        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
-    ) -> ModelVersion:
-        if not contributions:
-            return base
-        step: Params = {n: torch.zeros_like(v) for n, v in base.params.items()}
-        for c in contributions:
-            a = self.alpha * self.staleness(base.version - c.base_version)
-            c.weight = a
-            for n, theta in base.params.items():
-                new = c.task.base.params[n] + c.delta[n]  # θ^j_new (zero outside j)
-                got = mix_step(theta, new, a, c.covers(n))
-                if got is not None:
-                    step[n] += got
-        params = self.server.step(base.params, step)
-        buffers = {n: b.clone() for n, b in base.buffers.items()}
-        return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
+    server = server_optimizer(s, lr=1.0)
+    if s.own("sync"):  # the ablation
+        return SyncRounds(work=planner), Update(Importance(s.weights), server=server)
+    trigger = ArrivalBuffer(UpdateTimes("profile", planner), buffer_size=1,
+                            concurrency=s.concurrency)  # fmt: skip
+    if s.mode == "reference":
+        return trigger, Update(ShareDiscount(total_samples), buffers=keep_buffers, server=server)
+    # Alg. 1's updater: θ^j ← (1 − α_t)·θ^j + α_t·θ^j_new, α_t = α·s(staleness)
+    staleness = Staleness(
+        kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
+    )
+    return trigger, Update(StalenessWeighting(ConstantWeight(s.alpha), staleness), target=mix,
+                           buffers=keep_buffers, server=server)  # fmt: skip
 
 
 def build_fedraa(cfg: Any, info: Any) -> Any:
     """The Fed-RAA strategy: FragmentPlanner × an arrival trigger (a server step per
-    arrival, every client busy) × FragmentMixAggregator, with the proximal term ρ."""
+    arrival, every client busy) × Algorithm 1's updater (an Update), with the proximal term ρ."""
     from fedclock.errors import ConfigError
-    from fedclock.strategies.asynchronous import ArrivalBuffer, UpdateTimes
     from fedclock.strategies.base import Strategy
     from fedclock.strategies.planners import local_sgd_plan
-    from fedclock.strategies.server import server_optimizer
-    from fedclock.strategies.triggers import SyncRounds
     from fedclock.train.local import Needs
 
     s = cfg.strategy
@@ -329,27 +300,9 @@ def build_fedraa(cfg: Any, info: Any) -> Any:
         full_plans=full_plans, layout=layout, ratios=ratios, costs=costs, k=k,
         scheduler=s.own("scheduler"), count=s.count, reference=reference,
     )  # fmt: skip
-    staleness = Staleness(
-        kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
+    trigger, aggregator = _rounds_and_update(
+        s, planner, int(sum(int(n) for n in info.client_sizes))
     )
-    server = server_optimizer(s, lr=1.0)
-    aggregator: Any
-    trigger: Any
-    if s.own("sync"):  # the ablation: rounds of every client, a sample-weighted sum
-        trigger = SyncRounds(work=planner)
-        aggregator = FedAvgAggregator(weights=s.weights, server=server)
-    elif reference:
-        aggregator = ShareDiscountAggregator(
-            total_samples=int(sum(int(n) for n in info.client_sizes)), server=server
-        )
-        trigger = ArrivalBuffer(
-            UpdateTimes("profile", planner), buffer_size=1, concurrency=s.concurrency
-        )
-    else:
-        aggregator = FragmentMixAggregator(alpha=s.alpha, staleness=staleness, server=server)
-        trigger = ArrivalBuffer(
-            UpdateTimes("profile", planner), buffer_size=1, concurrency=s.concurrency
-        )
     # the authors' code has no proximal term
     needs = Needs(
         shapes=frozenset({Fragment}), layout=layout, proximal_mu=0.0 if reference else s.rho

@@ -35,6 +35,7 @@ from fedclock.models.shapes import (
 )
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, Params, TaskPlan
+from fedclock.strategies.aggregators import Target, Update, keep_buffers
 from fedclock.strategies.base import Draw
 from fedclock.strategies.planners import (
     DropWork,
@@ -43,6 +44,7 @@ from fedclock.strategies.planners import (
     SuffixWork,
     WidthWork,
 )
+from fedclock.strategies.server import ServerOptimizer, server_optimizer
 from fedclock.train.local import Needs
 
 log = logging.getLogger(__name__)
@@ -131,43 +133,45 @@ def p_exact_deadline(
     return out
 
 
-def salf_layer_update(w: torch.Tensor, deltas: Sequence[torch.Tensor], p: float) -> torch.Tensor:
-    """Eq. 9 for one layer in delta form.
+def salf_layer_delta(w: torch.Tensor, deltas: Sequence[torch.Tensor], p: float) -> torch.Tensor:
+    """Eq. 9 for one layer as the update w̃ − w.
 
     w̃ = w if U^l is empty, else (mean_{U^l}(w + Δ_u) − p·w)/(1 − p) = w + mean_{U^l} Δ_u/(1 − p).
 
     Guard: a p that rounds to 1 (no user is ever expected to reach layer l: the deadline
     scenario's exact p_l without a slowdown, or with one too slow for any draw to matter)
-    means U^l is empty in practice, and this returns w before dividing. Should a user reach
+    means U^l is empty in practice, and this returns 0 before dividing. Should a user reach
     it anyway (a float tie at the depth boundary), 1/(1 − p) would be infinite, so the
     layer takes the plain mean (p treated as 0) instead of dividing by zero.
     """
     if not deltas:
-        return w
+        return torch.zeros_like(w)
     mean = torch.stack(list(deltas)).mean(dim=0)
     if p >= 1.0:
-        return w + mean
-    return w + mean / (1.0 - p)
+        return mean
+    return mean / (1.0 - p)
 
 
-def divide_by_u_update(
+def divide_by_u_delta(
     w: torch.Tensor, deltas: Sequence[torch.Tensor], num_users: int
 ) -> torch.Tensor:
-    """The authors' rule: w + (1/U) Σ Δ_u (users that did not update the tensor count as Δ = 0)."""
+    """The authors' rule as an update: (1/U) Σ Δ_u (users that did not update the tensor
+    count as Δ = 0)."""
     if not deltas:
-        return w
-    return w + torch.stack(list(deltas)).sum(dim=0) / num_users
+        return torch.zeros_like(w)
+    return torch.stack(list(deltas)).sum(dim=0) / num_users
 
 
-def coverage_update(
+def coverage_delta(
     w: torch.Tensor, deltas: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
 ) -> torch.Tensor:
-    """HeteroFL: each element averaged over the clients that hold it; unheld elements unchanged."""
+    """HeteroFL as an update: each element's Δ averaged over the clients that hold it;
+    unheld elements 0."""
     if not deltas:
-        return w
+        return torch.zeros_like(w)
     total = torch.stack(list(deltas)).sum(dim=0)
     count = torch.stack([m.to(w.dtype) for m in masks]).sum(dim=0)
-    return w + torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(w))
+    return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(w))
 
 
 def deadline_depth(durations: Sequence[float], t_max: float) -> int:
@@ -182,59 +186,7 @@ def deadline_depth(durations: Sequence[float], t_max: float) -> int:
     return depth
 
 
-# --------------------------------------------------------------------- aggregators
-class SalfAggregator:
-    """``paper``: eq. 9 per unit with p_l (``p_rule`` exact / eq10 / zero; drop-stragglers,
-    vanilla and AsyncFL are the p = 0 case — a plain mean over the users holding the
-    unit). ``reference``: w + (1/U) Σ Δ_u over every tensor (the authors' FedAvg)."""
-
-    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
-
-    def __init__(
-        self, *, mode: str, units: Units, num_users: int, p_values: Sequence[float]
-    ) -> None:
-        self.mode = mode
-        self.units = units
-        self.num_users = num_users
-        self.p_values = tuple(p_values)  # p_l for l = 1..L
-
-    def aggregate(
-        self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
-    ) -> ModelVersion:
-        depth = [suffix_depth(c.task.plan.shape) for c in contributions]
-        holders = update_sets(depth, self.units.count)  # U^l, l = 1..L (eq. 8), for buffers
-        for c in contributions:
-            c.weight = 1.0 / len(contributions) if self.mode == "paper" else 1.0 / self.num_users
-        params: Params = {}
-        for name, w in base.params.items():
-            deltas = [c.delta[name] for c in contributions]
-            if self.mode == "reference":
-                params[name] = divide_by_u_update(w, deltas, self.num_users)
-            else:  # the users that sent this unit's tensors (Contribution.coverage): U^l
-                unit = self.units.of_param[name]
-                held = [d for c, d in zip(contributions, deltas, strict=True) if c.covers(name)]
-                params[name] = salf_layer_update(w, held, self.p_values[unit - 1])
-        buffers: Params = {}
-        for name, b in base.buffers.items():
-            if self.mode == "reference":
-                vals = [c.buffers[name] for c in contributions]
-                if b.is_floating_point():
-                    buffers[name] = divide_by_u_update(b, [v - b for v in vals], self.num_users)
-                else:  # averaged as an integer and truncated, as the authors' code
-                    s = sum((v - b for v in vals), torch.zeros_like(b))
-                    buffers[name] = b + torch.div(s, self.num_users, rounding_mode="trunc")
-            else:
-                unit = self.units.of_buffer.get(name, self.units.count)
-                vals = [contributions[u].buffers[name] for u in holders[unit - 1]]
-                if not vals:
-                    buffers[name] = b
-                elif b.is_floating_point():
-                    buffers[name] = torch.stack(vals).mean(dim=0)
-                else:
-                    buffers[name] = vals[0].clone()
-        return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
-
-
+# --------------------------------------------------------------------- the update's parts
 def suffix_depth(shape: object) -> int:
     """d of a full (1) or layer-suffix task: the user is in U^l for l ≥ d (eq. 8)."""
     if shape is FULL:
@@ -244,29 +196,122 @@ def suffix_depth(shape: object) -> int:
     raise ValueError(f"SALF's layer-wise aggregation cannot take a {shape!r} contribution")
 
 
-class CoverageAggregator:
-    """HeteroFL: each element averaged over the contributions covering it
-    (``Contribution.coverage``, from the work shape's program)."""
+class SalfWeighting:
+    """ω_u = 1/|round's users| (``paper``; the per-unit normaliser divides by |U^l| itself)
+    or 1/U (``reference``: the authors' w + (1/U) Σ Δ_u). ``shapes_checked``: only full and
+    layer-suffix contributions (eq. 8's depths)."""
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
-    def aggregate(
+    def __init__(self, *, mode: str, num_users: int, shapes_checked: bool = True) -> None:
+        self.mode, self.num_users, self.shapes_checked = mode, num_users, shapes_checked
+
+    def __call__(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
-    ) -> ModelVersion:
-        params: Params = {}
-        for name, w in base.params.items():
-            masks = []
-            for c in contributions:  # Contribution.coverage: a mask, or the whole tensor
-                got = c.covers(name)
-                masks.append(
-                    got.to(w.device) if isinstance(got, torch.Tensor)
-                    else torch.full_like(w, bool(got), dtype=torch.bool)
-                )  # fmt: skip
-            params[name] = coverage_update(w, [c.delta[name] for c in contributions], masks)
+    ) -> np.ndarray:
+        if self.shapes_checked:
+            for c in contributions:
+                suffix_depth(c.task.plan.shape)
+        n = len(contributions) if self.mode == "paper" else self.num_users
+        return np.full(len(contributions), 1.0 / max(1, n))
+
+
+class PerUnit:
+    """The per-unit normaliser: eq. 9 per unit over the users that sent it (U^l, read
+    from ``Contribution.covers``), mean Δ/(1 − p_l) — p = 0 is a plain mean (drop-stragglers,
+    vanilla, AsyncFL) — or, in ``reference`` mode, (1/U) Σ Δ_u over every tensor."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self, *, mode: str, units: Units, num_users: int, p_values: Sequence[float]
+    ) -> None:
+        self.mode, self.units, self.num_users = mode, units, num_users
+        self.p_values = tuple(p_values)  # p_l for l = 1..L
+
+    def __call__(
+        self, base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray,
+        target: Target,
+    ) -> Params:  # fmt: skip
+        update: Params = {}
+        for name, theta in base.params.items():
+            if self.mode == "reference":  # every user's Δ (0 where it did not train)
+                deltas = [c.delta[name] for c in contributions]
+                update[name] = divide_by_u_delta(theta, deltas, self.num_users)
+            else:
+                held = [t for c in contributions if (t := target(c, name, theta)) is not None]
+                unit = self.units.of_param[name]
+                update[name] = salf_layer_delta(theta, held, self.p_values[unit - 1])
+        return update
+
+
+def per_element(
+    base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray, target: Target
+) -> Params:
+    """The per-element normaliser (HeteroFL): each element's Δ averaged over the
+    contributions covering it (``Contribution.coverage``: a mask, or the whole tensor)."""
+    update: Params = {}
+    for name, theta in base.params.items():
+        masks = []
         for c in contributions:
-            c.weight = 1.0 / max(1, len(contributions))
-        buffers = {k: v.clone() for k, v in base.buffers.items()}
-        return ModelVersion(version=base.version + 1, params=params, buffers=buffers)
+            got = c.covers(name)
+            masks.append(
+                got.to(theta.device) if isinstance(got, torch.Tensor)
+                else torch.full_like(theta, bool(got), dtype=torch.bool)
+            )  # fmt: skip
+        update[name] = coverage_delta(theta, [c.delta[name] for c in contributions], masks)
+    return update
+
+
+class SalfBuffers:
+    """Buffers (BatchNorm statistics) of the SALF family: ``paper``, per unit the mean over
+    the users that reached it (U^l of eq. 8; integers the first's); ``reference``, the
+    authors' b + (1/U) Σ (b_u − b), integers averaged and truncated as their code."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *, mode: str, units: Units, num_users: int) -> None:
+        self.mode, self.units, self.num_users = mode, units, num_users
+
+    def __call__(
+        self, base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray,
+        lr: float,
+    ) -> Params:  # fmt: skip
+        depth = [suffix_depth(c.task.plan.shape) for c in contributions]
+        holders = update_sets(depth, self.units.count)  # U^l, l = 1..L (eq. 8)
+        buffers: Params = {}
+        for name, b in base.buffers.items():
+            if self.mode == "reference":
+                vals = [c.buffers[name] for c in contributions]
+                if b.is_floating_point():
+                    buffers[name] = b + divide_by_u_delta(b, [v - b for v in vals], self.num_users)
+                else:  # averaged as an integer and truncated, as the authors' code
+                    s = sum((v - b for v in vals), torch.zeros_like(b))
+                    buffers[name] = b + torch.div(s, self.num_users, rounding_mode="trunc")
+                continue
+            unit = self.units.of_buffer.get(name, self.units.count)
+            vals = [contributions[u].buffers[name] for u in holders[unit - 1]]
+            if not vals:
+                buffers[name] = b
+            elif b.is_floating_point():
+                buffers[name] = torch.stack(vals).mean(dim=0)
+            else:
+                buffers[name] = vals[0].clone()
+        return buffers
+
+
+def salf_update(
+    *, mode: str, units: Units, num_users: int, p_values: Sequence[float],
+    server: ServerOptimizer | None = None,
+) -> Update:  # fmt: skip
+    """Eq. 9 (``paper``; p = 0: a plain mean over U^l) or the authors' divide-by-U
+    (``reference``) as the one server update: it takes full and layer-suffix contributions."""
+    return Update(
+        SalfWeighting(mode=mode, num_users=num_users),
+        normaliser=PerUnit(mode=mode, units=units, num_users=num_users, p_values=p_values),
+        buffers=SalfBuffers(mode=mode, units=units, num_users=num_users), server=server,
+        step_when_empty=True,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------- depth sources
@@ -390,15 +435,9 @@ WORK: dict[str, tuple[type[StragglerWork], bool]] = {
 }
 
 
-def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
-    """The Strategy for ``method`` under ``cfg.salf`` (scenario, mode, p_rule): synchronous
-    rounds over every user (:class:`SyncRounds`) × the method's work from the scenario's
-    depth source × eq. 9 (the authors' divide-by-U in reference mode; HeteroFL's per-element
-    coverage average)."""
+def _check(cfg: Any, info: Any, method: str) -> None:
+    """One sentence for a config the SALF family cannot run."""
     from fedclock.errors import ConfigError
-    from fedclock.strategies.base import Strategy
-    from fedclock.strategies.planners import local_sgd_plan
-    from fedclock.strategies.triggers import SyncRounds
 
     sc = cfg.salf
     if sc.scenario is None:
@@ -406,7 +445,7 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
             f"Strategy '{method}' needs salf.scenario: 'ratio' (population.straggler_ratio) "
             "or 'deadline' (strategy.t_max)."
         )
-    t_max = getattr(cfg.strategy, "t_max", None)  # vanilla's options have none: no deadline
+    t_max = getattr(cfg.strategy, "t_max", None)
     if sc.scenario == "deadline" and t_max is None and method != "vanilla":
         raise ConfigError("salf.scenario 'deadline' needs a deadline: set strategy.t_max.")
     if info.model is None:
@@ -420,6 +459,20 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
             "salf.mode 'reference' under a deadline needs salf.charge: suffix (the authors' "
             "code trains the full step, so with charge 'work' no partial depth could fit)."
         )
+
+
+def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
+    """The Strategy for ``method`` under ``cfg.salf`` (scenario, mode, p_rule): synchronous
+    rounds over every user (:class:`SyncRounds`) × the method's work from the scenario's
+    depth source × eq. 9 (the authors' divide-by-U in reference mode; HeteroFL's per-element
+    coverage average)."""
+    from fedclock.strategies.base import Strategy
+    from fedclock.strategies.planners import local_sgd_plan
+    from fedclock.strategies.triggers import SyncRounds
+
+    sc = cfg.salf
+    _check(cfg, info, method)
+    t_max = getattr(cfg.strategy, "t_max", None)  # vanilla's options have none: no deadline
     units = build_units(info.model, info.layers, sc.mode)
     sizes = info.client_sizes
     U = len(sizes)
@@ -453,9 +506,12 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
     )  # fmt: skip
     rounds = SyncRounds(t_max=t_max if keeps_deadline and sc.scenario == "deadline" else None,
                         work=work)  # fmt: skip
-    aggregator: Any
-    if method == "heterofl":
-        aggregator = CoverageAggregator()
+    server = server_optimizer(cfg.strategy, lr=cfg.strategy.server_lr)
+    if method == "heterofl":  # 1/n recorded; the update averages each element over holders
+        aggregator = Update(
+            SalfWeighting(mode="paper", num_users=U, shapes_checked=False),
+            normaliser=per_element, buffers=keep_buffers, server=server, step_when_empty=True,
+        )  # fmt: skip
     else:
         rule = sc.p_rule if method == "salf" else "zero"  # the others: a plain mean
         population = info.population
@@ -466,7 +522,8 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
             population = build_population(cfg.population, U, cfg.seed)
         p = p_values(rule, depths, population)
         log.debug("%s p_l (p_rule %s, scenario %s): %s", method, rule, sc.scenario, p)
-        aggregator = SalfAggregator(mode=sc.mode, units=units, num_users=U, p_values=p)
+        aggregator = salf_update(mode=sc.mode, units=units, num_users=U, p_values=p,
+                                 server=server)  # fmt: skip
     needs = Needs(
         shapes=frozenset({type(FULL), Suffix, Width}),  # what the work planners dispatch
         layout=layout, suffix_trains_fully=sc.mode == "reference",

@@ -13,7 +13,7 @@ client importance p_i (so the run minimises the federated problem, eq. 2).
 FedAsync (Xie, Koyejo & Gupta 2019) mixes θ ← (1 − α_t) θ + α_t θ_new with
 α_t = α · s(staleness); FLSim's FedBuff multiplies each delta's weight by a
 staleness weight s. The functions s live here too; the product d_i · s (α · s
-for FedAsync, whose d_i is α) is taken by ``StepAggregator.omega``.
+for FedAsync, whose d_i is α) is taken by ``asynchronous.StalenessWeighting``.
 
 Fraboni's FX update times τ_i are a device scenario:
 :func:`fedclock.devices.population.fx_update_times`.

@@ -13,6 +13,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedclock.devices.topology import Tree
+from fedclock.metrics.recorder import federated_metrics
 from fedclock.sim.types import ModelVersion
 
 
@@ -274,10 +275,13 @@ class ClientLossEvaluator:
     """Each client's training loss L_i(θ) (mean cross-entropy over its own samples).
 
     One pass over the clients' training samples per call; the per-sample losses
-    are summed per client. Fraboni et al.'s federated loss (eq. 2) and surrogate
-    loss (eq. 10) are weighted sums of these (see
-    :func:`fedclock.metrics.recorder.federated_metrics`).
+    are summed per client. As an observer (``eval.client_losses``) it adds to every
+    evaluation row Fraboni et al.'s federated loss (eq. 2), surrogate loss (eq. 10) and the
+    spread of the client losses (:func:`fedclock.metrics.recorder.federated_metrics`, with
+    the client importance ``importance``); ``last`` holds the latest losses (clients.csv).
     """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ("last",)
 
     def __init__(
         self,
@@ -288,7 +292,11 @@ class ClientLossEvaluator:
         *,
         batch_size: int = 2048,
         device: torch.device | str = "cpu",
+        importance: np.ndarray | None = None,
     ) -> None:
+        self.importance = importance  # p_i of eq. 2 (default: ∝ client sizes)
+        self.last: np.ndarray | None = None
+        self._version: int | None = None  # the version ``last`` was measured on
         self.device = torch.device(device)
         self.model = model.to(self.device)
         rows = torch.cat([torch.as_tensor(i, dtype=torch.int64) for i in indices])
@@ -315,6 +323,17 @@ class ClientLossEvaluator:
             total.index_add_(0, self.owner[sl], loss.to(torch.float64))
         return (total.cpu() / self.sizes.clamp(min=1)).numpy()
 
+    def on_evaluation(self, sim: Any, row: dict[str, Any]) -> None:
+        if self.last is None or self._version != sim.model.version:
+            self.last, self._version = self(sim.model), sim.model.version
+        p = self.importance
+        if p is None:
+            p = (self.sizes / self.sizes.sum()).numpy()
+        row.update(federated_metrics(
+            self.last, p, weight_received=sim.per_client(sim.counters.weight_received),
+            participations=sim.per_client(sim.counters.participation),
+        ))  # fmt: skip
+
 
 class BestValidation:
     """An evaluator that reports test (accuracy, loss) and tracks the test accuracy of the
@@ -333,9 +352,10 @@ class BestValidation:
         "_validated",
     )
 
-    def __init__(self, test: object, val: object) -> None:
+    def __init__(self, test: object, val: object, *, every: int | None = None) -> None:
         self.test = test
         self.val = val
+        self.every = every  # as an observer: validate every ``every`` server steps
         self.best_val = -1.0
         self.best_val_test_accuracy = float("nan")
         self.last_val_accuracy = float("nan")
@@ -359,3 +379,22 @@ class BestValidation:
             if test_accuracy is None:
                 test_accuracy, _ = self.test(version)  # type: ignore[operator]
             self.best_val_test_accuracy = float(test_accuracy)
+
+    def on_aggregation(self, sim: Any, version: ModelVersion) -> None:
+        if self.every is not None and sim.counters.aggregations % self.every == 0:
+            self.validate(version)
+
+
+def test_evaluator(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, tree: Tree | None = None,
+    also: dict[str, Tree] | None = None, batch_size: int = 2048,
+    device: torch.device | str = "cpu",
+) -> tuple[Evaluator | ExitEvaluator, ExitEvaluator | None]:  # fmt: skip
+    """The test evaluator of ``model`` and, for an early-exit network (``num_exits``), the
+    same :class:`ExitEvaluator` as the source of its extra columns (else None)."""
+    exits = getattr(model, "num_exits", None)
+    if exits is None:
+        return Evaluator(model, x, y, batch_size=batch_size, device=device), None
+    ev = ExitEvaluator(model, x, y, num_exits=exits, tree=tree, also=also,
+                       batch_size=batch_size, device=device)  # fmt: skip
+    return ev, ev

@@ -29,7 +29,7 @@ from fedclock.models.shapes import (
 )
 from fedclock.rng import counter_key, counter_keys, splitmix64_array
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task
-from fedclock.train.local import CrossEntropy, Loss
+from fedclock.train.local import CrossEntropy, LocalTraining, Loss, step_direction
 
 _GAMMA_U64 = np.uint64(0x9E3779B97F4A7C15)
 
@@ -217,12 +217,14 @@ def suffix_grads(
 class SerialExecutor:
     """Runs tasks one after another on one working copy of the model.
 
-    A full-model task is local SGD with ``torch.optim.SGD`` on the run's loss. Partial work
+    A full-model task is local SGD on the run's loss, each step's direction from
+    :func:`~fedclock.train.local.step_direction` (weight decay, proximal term, momentum: the
+    one local step of every executor path) and θ ← θ − η·d as torch.optim.SGD. Partial work
     runs from its shape's :class:`~fedclock.models.shapes.Program` for the model's
     ``layout``: only the program's parameters train (:func:`suffix_grads` backpropagates to
     them alone), a submodel's slices train with the Scaler hooked on the hidden modules,
     the program's own loss replaces the run's, and the tensors it does not send get Δ = 0;
-    SGD with torch.optim.SGD's semantics (dampening 0, no Nesterov) on those tensors.
+    the same step on those tensors.
     ``trains_fully``: a layer-suffix task trains every tensor and sends tensors d..L_e (SALF's
     reference mode); ``persistent_momentum``: each client's momentum buffers persist across
     its tasks in ``momentum_store`` (the authors' one optimizer per user).
@@ -236,12 +238,8 @@ class SerialExecutor:
         data: ClientData,
         *,
         seed: int,
-        lr: float,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        local: LocalTraining,
         device: torch.device | str = "cpu",
-        loss: Loss | None = None,
-        proximal_mu: float = 0.0,
         layout: Layout | None = None,
         trains_fully: bool = False,
         persistent_momentum: bool = False,
@@ -250,11 +248,8 @@ class SerialExecutor:
         self.model = model.to(self.device)
         self.data = data
         self.seed = seed
-        self.lr = lr
-        self.momentum = momentum
-        self.weight_decay = weight_decay
-        self.loss: Loss = loss if loss is not None else CrossEntropy()
-        self.proximal_mu = proximal_mu
+        self.local = local
+        self.loss: Loss = local.loss
         self.layout = layout
         self.trains_fully = trains_fully
         self.persistent_momentum = persistent_momentum
@@ -290,26 +285,26 @@ class SerialExecutor:
         model = self.model
         load_version(model, task.base)
         model.train()
-        opt = torch.optim.SGD(
-            model.parameters(),
-            lr=self.lr * task.plan.lr_scale,
-            momentum=self.momentum,
-            weight_decay=self.weight_decay,
-        )
+        params: list[torch.Tensor] = list(model.parameters())
+        base = [task.base.params[n] for n in self._names] if self.local.proximal_mu else None
+        bufs = [torch.zeros_like(p) for p in params] if self.local.momentum else []
+        lr = self.local.lr * task.plan.lr_scale
         idx = self.data.indices[task.client]
         total = 0.0
         steps = batch_schedule(self.seed, task, len(idx))
         for local in steps:
             rows = idx[local].to(self.device)
             loss = self.loss(model(self._x[rows]), self._y[rows])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if self.proximal_mu:  # ∇ (μ/2)‖θ − θ_base‖² = μ(θ − θ_base)
-                with torch.no_grad():
-                    for name, p in model.named_parameters():
-                        if p.grad is not None:
-                            p.grad.add_(p - task.base.params[name], alpha=self.proximal_mu)
-            opt.step()
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            # as torch.optim.SGD, a parameter without a gradient (an unused head) is skipped
+            used = [i for i, g in enumerate(grads) if g is not None]
+            d = step_direction(
+                self.local, [grads[i] for i in used], [params[i] for i in used],
+                None if base is None else [base[i] for i in used],
+                [bufs[i] for i in used] if bufs else [],
+            )  # fmt: skip
+            with torch.no_grad():
+                torch._foreach_add_([params[i] for i in used], d, alpha=-lr)
             total += float(loss.detach())
         delta: Params = {
             name: (p.detach() - task.base.params[name]) for name, p in model.named_parameters()
@@ -323,7 +318,7 @@ class SerialExecutor:
             train_loss=total / max(1, len(steps)),
         )
 
-    # ---- partial work: SGD with torch.optim.SGD's semantics on the chosen tensors
+    # ---- partial work: the same step on the chosen tensors (a submodel's: their slices)
     def _step(
         self,
         client: int,
@@ -333,33 +328,30 @@ class SerialExecutor:
         base: Mapping[str, torch.Tensor] | None = None,
         lr_scale: float = 1.0,
     ) -> None:
-        # per client: kept across tasks (persistent_momentum) or reset at each task's start
-        bufs = self.momentum_store.setdefault(client, {})
+        names = list(grads)
+        ps = [params[n] for n in names]
+        b0 = None
+        if base is not None and self.local.proximal_mu:
+            b0 = [(base[n][views[n]] if views is not None else base[n]).to(p.device)
+                  for n, p in zip(names, ps, strict=True)]  # fmt: skip
+        bufs = []
+        if self.local.momentum:
+            # per client: kept across tasks (persistent_momentum) or reset at each task's start
+            store = self.momentum_store.setdefault(client, {})
+            for n, p in zip(names, ps, strict=True):
+                full = store.get(n)
+                if full is None:
+                    full = store[n] = torch.zeros(
+                        self.model.get_parameter(n).shape, device=p.device
+                    )
+                bufs.append(full[views[n]] if views is not None else full)
+        d = step_direction(self.local, [grads[n] for n in names], ps, b0, bufs)
+        lr = self.local.lr * lr_scale
         with torch.no_grad():
-            for n, g in grads.items():
-                p = params[n]
-                if self.weight_decay:
-                    g = g + self.weight_decay * p
-                if self.proximal_mu and base is not None:  # μ(θ − θ_base): FedProx's term
-                    b0 = base[n][views[n]] if views is not None else base[n]
-                    g = g + self.proximal_mu * (p - b0.to(p.device))
-                if self.momentum:
-                    full = bufs.get(n)
-                    sl = views[n] if views is not None else None
-                    if full is None:
-                        shape = self.model.get_parameter(n).shape
-                        full = torch.zeros(shape, device=p.device)
-                        fresh = True
-                        bufs[n] = full
-                    else:
-                        fresh = False
-                    b = full[sl] if sl is not None else full
-                    if fresh:
-                        b.copy_(g)
-                    else:
-                        b.mul_(self.momentum).add_(g)
-                    g = b
-                p.sub_(self.lr * lr_scale * g)
+            # θ − (η·d): two roundings, as this path always had (the fused add of the full
+            # path would move the Fed-RAA, SALF and CIS goldens by one rounding per step)
+            for p, dn in zip(ps, d, strict=True):
+                p.sub_(lr * dn)
 
     def _run_program(self, task: Task, prog: Program) -> Contribution:
         """A task that trains ``prog.trains`` of the model (a layer suffix: the prefix is frozen)."""

@@ -76,9 +76,7 @@ def make_executor(
     if needs.partial and needs.layout is None:
         raise ValueError("partial work needs the model's layout (Needs.layout)")
     serial = SerialExecutor(
-        model, data, seed=seed, lr=local.lr, momentum=local.momentum,
-        weight_decay=local.weight_decay, device=dev, loss=local.loss,
-        proximal_mu=local.proximal_mu, layout=needs.layout,
+        model, data, seed=seed, local=local, device=dev, layout=needs.layout,
         trains_fully=needs.suffix_trains_fully, persistent_momentum=needs.momentum_per_client,
     )  # fmt: skip
     if kind == "serial":
@@ -90,9 +88,7 @@ def make_executor(
         log.info("vectorized executor unavailable (%s); using the serial executor", reason)
         return serial
     return VectorizedExecutor(
-        model, data, seed=seed, lr=local.lr, momentum=local.momentum,
-        weight_decay=local.weight_decay, device=dev, loss=local.loss,
-        proximal_mu=local.proximal_mu, max_batch_clients=max_batch_clients,
+        model, data, seed=seed, local=local, device=dev, max_batch_clients=max_batch_clients,
         delta_views=needs.synchronous, layout=needs.layout,
         trains_fully=needs.suffix_trains_fully,
         momentum_store=serial.momentum_store if needs.momentum_per_client else None,

@@ -38,6 +38,14 @@ class CrossEntropy:
         return "CrossEntropy()"
 
 
+def model_loss(model: torch.nn.Module) -> Loss:
+    """The loss of a full-model task on ``model``: every exit's of an early-exit network
+    (``MultiExitLoss``), cross-entropy otherwise."""
+    from fedclock.models.early_exit import EarlyExitNet, MultiExitLoss
+
+    return MultiExitLoss() if isinstance(model, EarlyExitNet) else CrossEntropy()
+
+
 @dataclass(frozen=True)
 class LocalTraining:
     """One client's local SGD: torch.optim.SGD's step (dampening 0, no Nesterov) on the
@@ -50,6 +58,36 @@ class LocalTraining:
     # μ·(θ − θ_base) is added to each step's gradient; 0 = plain local SGD
     proximal_mu: float = 0.0
     loss: Loss = field(default_factory=CrossEntropy)
+
+
+def step_direction(
+    local: LocalTraining,
+    grads: list[torch.Tensor],
+    params: list[torch.Tensor],
+    base: list[torch.Tensor] | None,
+    bufs: list[torch.Tensor],
+) -> list[torch.Tensor]:
+    """The direction d of one local step θ ← θ − η·d, written once for every executor path
+    (torch.optim.SGD's, dampening 0, no Nesterov, with the proximal term):
+
+        g = ∇F + λθ + μ(θ − θ_base)     (weight decay λ; FedProx eq. 2's μ, Fed-RAA's ρ)
+        b ← m·b + g,  d = b              (momentum m; ``bufs`` start at 0, so b₁ = g)
+
+    ``bufs`` are updated in place (ignored without momentum); ``base`` is θ_base (``None``:
+    no proximal term)."""
+    with torch.no_grad():
+        g = grads
+        if local.weight_decay:
+            g = list(torch._foreach_add(g, params, alpha=local.weight_decay))
+        if local.proximal_mu and base is not None:
+            pull = torch._foreach_sub(params, base)
+            torch._foreach_mul_(pull, local.proximal_mu)
+            g = list(torch._foreach_add(g, pull))
+        if local.momentum:
+            torch._foreach_mul_(bufs, local.momentum)
+            torch._foreach_add_(bufs, g)
+            return bufs
+        return g
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ parameter update for the whole block. The result equals
   at step s the clients still training are a prefix of the block and only
   that prefix is computed and updated (finished clients are masked out by
   slicing, at no compute cost);
-- SGD with momentum μ and weight decay λ, as :class:`torch.optim.SGD`
-  (dampening 0, no Nesterov): g ← ∇ + λθ; b ← μb + g (b₀ = g); θ ← θ − ηb.
+- the local step of every executor path (:func:`~fedclock.train.local.step_direction`:
+  weight decay, proximal term, momentum, as :class:`torch.optim.SGD`), one fused update
+  θ ← θ − η·d per block.
 
 Memory: client data is held once (index views); stacked parameters, momentum
 and gradients exist only for the block in flight, and each contribution owns its
@@ -97,7 +98,7 @@ from fedclock.train.executor import (
     batch_positions,
     split_batches,
 )
-from fedclock.train.local import CrossEntropy, Loss
+from fedclock.train.local import LocalTraining, Loss, step_direction
 from fedclock.train.mlp_grad import MlpGrad, mlp_linears
 
 log = logging.getLogger("fedclock")
@@ -221,9 +222,7 @@ class VectorizedExecutor:
         data: ClientData,
         *,
         seed: int,
-        lr: float,
-        momentum: float = 0.0,
-        weight_decay: float = 0.0,
+        local: LocalTraining,
         device: torch.device | str = "cpu",
         max_batch_clients: int | None = None,
         block_bytes: int | None = None,
@@ -234,8 +233,6 @@ class VectorizedExecutor:
         scaled: Sequence[nn.Module] = (),
         serial: Any = None,
         delta_views: bool = False,
-        loss: Loss | None = None,
-        proximal_mu: float = 0.0,
     ) -> None:
         if max_batch_clients is not None and max_batch_clients < 1:
             raise ValueError(
@@ -245,13 +242,10 @@ class VectorizedExecutor:
         self.model = model.to(self.device)
         self.data = data
         self.seed = seed
-        self.lr = lr
-        self.momentum = momentum
-        self.weight_decay = weight_decay
-        self.loss: Loss = loss if loss is not None else CrossEntropy()
+        self.local = local
+        self.loss: Loss = local.loss
         self._block_loss: Loss = self.loss  # the running block's (a Program may bring its own)
-        self._block_lr = lr  # the running block's learning rate (train.lr × its tasks' lr_scale)
-        self.proximal_mu = proximal_mu
+        self._block_lr = local.lr  # the running block's rate (train.lr × its tasks' lr_scale)
         self.max_batch_clients = max_batch_clients
         if block_bytes is None:
             block_bytes = CUDA_BLOCK_BYTES if self.device.type == "cuda" else BLOCK_BYTES
@@ -408,7 +402,8 @@ class VectorizedExecutor:
             return None
         return (
             id(self._x), id(self._y), str(self.model), repr(self.loss), self.device,
-            self.lr, self.momentum, self.weight_decay, self.proximal_mu, self.block_bytes,
+            self.local.lr, self.local.momentum, self.local.weight_decay,
+            self.local.proximal_mu, self.block_bytes,
             self.max_batch_clients, self._trains_fully, self._momentum_store is None,
             self._delta_views, len(self._scaled), self._layout is None,
             tuple((n, tuple(p.shape), p.dtype) for n, p in self.model.named_parameters()),
@@ -467,9 +462,7 @@ class VectorizedExecutor:
             return self._serial_fallback
         if self._serial is None:
             self._serial = SerialExecutor(
-                self.model, self.data, seed=self.seed, lr=self.lr, momentum=self.momentum,
-                weight_decay=self.weight_decay, device=self.device, loss=self.loss,
-                proximal_mu=self.proximal_mu,
+                self.model, self.data, seed=self.seed, local=self.local, device=self.device,
             )  # fmt: skip
         return self._serial
 
@@ -514,6 +507,9 @@ class VectorizedExecutor:
                     rows[j, s, : len(local)] = idx[j][local]
         return rows
 
+    # (over 80 lines: one block's setup — rows, stacked parameters, frozen tensors,
+    # BatchNorm statistics, momentum — in the order the hot loop needs them; each part
+    # reads the ones before)
     def _run_block(
         self, tasks: Sequence[Task], owners: Sequence[VectorizedExecutor] | None = None
     ) -> list[Contribution]:
@@ -550,7 +546,7 @@ class VectorizedExecutor:
 
         shape = tasks[0].plan.shape
         self._block_grad = self._mlp_grad if self._by_hand(shape) else None
-        self._block_lr = self.lr * tasks[0].plan.lr_scale
+        self._block_lr = self.local.lr * tasks[0].plan.lr_scale
         self._block_loss = self.loss
         self._block_masks: list[tuple[int, torch.Tensor]] = []
         self._mask_base = False  # masked-out elements frozen at the base (else zero)
@@ -604,7 +600,7 @@ class VectorizedExecutor:
         if stats is not None:
             self.model.train()
         stores = self._stores(tasks, owners)
-        if not self.momentum:
+        if not self.local.momentum:
             bufs: list[torch.Tensor] = []
         elif stores is None:
             bufs = [torch.zeros_like(p) for p in params]
@@ -670,7 +666,7 @@ class VectorizedExecutor:
         n_clients: int, stats: Params | None = None,
         base_params: list[torch.Tensor] | None = None,
     ) -> None:  # fmt: skip
-        lr, mu, wd, prox = self._block_lr, self.momentum, self.weight_decay, self.proximal_mu
+        lr = self._block_lr
         for s in range(n_steps):
             k = active[s]
             r = rows[:k, s]
@@ -695,20 +691,12 @@ class VectorizedExecutor:
                 grads, loss = self._step_weighted(state, self._x[r], self._y[r], w_s)
             else:
                 grads, loss = self._step(state, self._x[r], self._y[r])
-            g = [grads[n] for n in names]
+            b0 = None
+            if base_params is not None:
+                b0 = [b if shared or k == n_clients else b[:k] for b in base_params]
+            b_k = bufs if k == n_clients else [m[:k] for m in bufs]
+            g = step_direction(self.local, [grads[n] for n in names], p_k, b0, b_k)
             with torch.no_grad():
-                if wd:
-                    g = list(torch._foreach_add(g, p_k, alpha=wd))
-                if prox and base_params is not None:  # μ(θ − θ_base): FedProx's term
-                    b0 = [b if shared or k == n_clients else b[:k] for b in base_params]
-                    pull = torch._foreach_sub(p_k, b0)
-                    torch._foreach_mul_(pull, prox)
-                    g = list(torch._foreach_add(g, pull))
-                if mu:
-                    b_k = bufs if k == n_clients else [m[:k] for m in bufs]
-                    torch._foreach_mul_(b_k, mu)
-                    torch._foreach_add_(b_k, g)
-                    g = b_k
                 torch._foreach_add_(p_k, g, alpha=-lr)
                 for i, m in self._block_masks:  # outside its fragment: 0, or the base
                     if self._mask_base and base_params is not None:
