@@ -128,11 +128,11 @@ def average_buffers(
     return out
 
 
-def step_buffers(
-    base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray, lr: float
+def _buffer_sums(
+    base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray, *, own_base: bool
 ) -> Params:
-    """b + η Σ_i ω_i (b_i − b_base,i): floating-point buffers move as the parameters (Fraboni
-    et al. eq. 6); others keep the server's."""
+    """Σ_i ω_i (b_i − r_i) per floating-point buffer, r_i the task's base (own_base) or the
+    server's current buffer; the other buffers are returned as the server's."""
     out: Params = {}
     for name, cur in base.buffers.items():
         if not cur.is_floating_point():
@@ -140,25 +140,29 @@ def step_buffers(
             continue
         acc = torch.zeros_like(cur)
         for c, wi in zip(contributions, w, strict=True):
-            acc.add_(c.buffers[name] - c.task.base.buffers[name], alpha=float(wi))
-        out[name] = cur + lr * acc
+            ref = c.task.base.buffers[name] if own_base else cur
+            acc.add_(c.buffers[name] - ref, alpha=float(wi))
+        out[name] = acc
     return out
+
+
+def step_buffers(
+    base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray, lr: float
+) -> Params:
+    """b + η Σ_i ω_i (b_i − b_base,i): floating-point buffers move as the parameters (Fraboni
+    et al. eq. 6); others keep the server's."""
+    sums = _buffer_sums(base, contributions, w, own_base=True)
+    return {
+        n: cur + lr * sums[n] if cur.is_floating_point() else cur for n, cur in base.buffers.items()
+    }
 
 
 def mix_buffers(
     base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray, lr: float
 ) -> Params:
     """FedAsync's mix on floating-point buffers: b + Σ_i α_i (b_i − b); others the server's."""
-    out: Params = {}
-    for name, cur in base.buffers.items():
-        if not cur.is_floating_point():
-            out[name] = cur
-            continue
-        acc = torch.zeros_like(cur)
-        for c, wi in zip(contributions, w, strict=True):
-            acc.add_(c.buffers[name] - cur, alpha=float(wi))
-        out[name] = cur + acc
-    return out
+    sums = _buffer_sums(base, contributions, w, own_base=False)
+    return {n: cur + sums[n] if cur.is_floating_point() else cur for n, cur in base.buffers.items()}
 
 
 def keep_buffers(
