@@ -104,6 +104,35 @@ def test_a_fragment_costs_its_share_of_the_model() -> None:
     assert full.bytes_up == 4 * 350
 
 
+def _masked_sgd(
+    model, data, task, masks, *, momentum: float, rho: float = 0.0, zero_outside: bool
+) -> dict[str, torch.Tensor]:
+    """An independent fragment task: torch SGD on ``model`` (zeroed outside the fragment
+    when ``zero_outside``, else the rest frozen at the base) with gradients kept inside the
+    fragment; with ρ the gradient adds ρ(θ − θ^j_q), θ^j_q the received fragment. Returns
+    the expected Δ (0 outside the fragment)."""
+    ref = copy.deepcopy(model)
+    if zero_outside:
+        with torch.no_grad():
+            for n, p in ref.named_parameters():
+                p.mul_(masks[n])
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=momentum)
+    idx = data.indices[task.client]
+    for local in batch_schedule(3, task, len(idx)):
+        rows = idx[local]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(data.x[rows]), data.y[rows]).backward()
+        for n, p in ref.named_parameters():
+            start = task.base.params[n] * masks[n] if zero_outside else task.base.params[n]
+            p.grad.add_(rho * (p.detach() - start))
+            p.grad.mul_(masks[n])
+        opt.step()
+    return {
+        n: torch.where(masks[n], p.detach() - task.base.params[n], 0.0)
+        for n, p in ref.named_parameters()
+    }
+
+
 @pytest.mark.usefixtures("float64")
 @pytest.mark.parametrize(("momentum", "rho"), [(0.0, 0.0), (0.5, 0.0), (0.5, 0.3)])
 @pytest.mark.parametrize("hidden", [[20], [20, 12]])
@@ -130,27 +159,10 @@ def test_fragment_tasks_train_the_fragment_alone(
     _assert_same(serial, vec)
     for task, c in zip(tasks[:3], serial[:3], strict=True):
         masks = layout.fragment(ratios, task.plan.shape.index)
-        ref = copy.deepcopy(model)
-        if len(hidden) == 1:
-            with torch.no_grad():
-                for n, p in ref.named_parameters():
-                    p.mul_(masks[n])
-        opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=momentum)
-        idx = data.indices[task.client]
-        for local in batch_schedule(3, task, len(idx)):
-            rows = idx[local]
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(ref(data.x[rows]), data.y[rows]).backward()
-            for n, p in ref.named_parameters():
-                # the received fragment θ^j_q: the base inside the fragment (0 outside for
-                # one hidden layer, where the model holds the fragment alone)
-                start = task.base.params[n] * masks[n] if len(hidden) == 1 else task.base.params[n]
-                p.grad.add_(rho * (p.detach() - start))
-                p.grad.mul_(masks[n])
-            opt.step()
-        for n, p in ref.named_parameters():
-            want = torch.where(masks[n], p.detach() - task.base.params[n], 0.0)
-            torch.testing.assert_close(c.delta[n], want, atol=EQUIV_TOL, rtol=EQUIV_TOL)
+        want = _masked_sgd(model, data, task, masks, momentum=momentum, rho=rho,
+                           zero_outside=len(hidden) == 1)  # fmt: skip
+        for n in want:
+            torch.testing.assert_close(c.delta[n], want[n], atol=EQUIV_TOL, rtol=EQUIV_TOL)
             assert c.covers(n) is True or torch.equal(c.covers(n), masks[n])
 
 
@@ -424,22 +436,9 @@ def test_element_fragment_tasks_step_by_hand_and_equal_a_masked_sgd(momentum: fl
     _assert_same(executor("serial").run(tasks), got)
     for task, c in zip(tasks, got, strict=True):
         masks = layout.fragment(ratios, task.plan.shape.index, "elements")
-        ref = copy.deepcopy(model)
-        with torch.no_grad():
-            for n, p in ref.named_parameters():
-                p.mul_(masks[n])
-        opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=momentum)
-        idx = data.indices[task.client]
-        for local_rows in batch_schedule(3, task, len(idx)):
-            rows = idx[local_rows]
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(ref(data.x[rows]), data.y[rows]).backward()
-            for n, p in ref.named_parameters():
-                p.grad.mul_(masks[n])
-            opt.step()
-        for n, p in ref.named_parameters():
-            want = torch.where(masks[n], p.detach() - task.base.params[n], 0.0)
-            torch.testing.assert_close(c.delta[n], want, atol=EQUIV_TOL, rtol=EQUIV_TOL)
+        want = _masked_sgd(model, data, task, masks, momentum=momentum, zero_outside=True)
+        for n in want:
+            torch.testing.assert_close(c.delta[n], want[n], atol=EQUIV_TOL, rtol=EQUIV_TOL)
 
 
 def test_gre_raa_as_the_authors_run_it() -> None:
