@@ -711,3 +711,25 @@ def test_also_serving_routes_the_same_models_again(tmp_path) -> None:
     raw["cis"]["also_serving"] = ["a-b"]
     with pytest.raises(FedclockConfigError, match="not a list of shares"):
         run_experiment(load_config(raw=raw), run_dir=tmp_path / "c")
+
+
+def test_a_cis_comparison_plots_its_headline_metric(tmp_path, monkeypatch) -> None:
+    """compare's accuracy.png shows routed CIS accuracy for early-exit runs (test_accuracy
+    there is the last exit's alone, which Serving trains least), and test accuracy else."""
+    from fedclock.runs import compare
+
+    seen: list[tuple[str, str]] = []
+    real = compare.plot_groups
+
+    def spy(groups, out, **kw):
+        seen.append((kw["metric"], kw["title"]))
+        return real(groups, out, **kw)
+
+    monkeypatch.setattr(compare, "plot_groups", spy)
+    cfg = load_config(raw=_cis_raw(budget={"aggregations": 2}))
+    compare.run_compare(cfg, ["cis-serving", "cis-equal"], [1], tmp_path / "cis")
+    cfg = load_config(raw=tiny_raw(budget={"aggregations": 2}, executor={"threads": 1}))
+    compare.run_compare(cfg, ["fedavg"], [1], tmp_path / "plain")
+    assert seen[0][0] == "cis_accuracy" and "CIS accuracy" in seen[0][1]
+    assert seen[1][0] == "test_accuracy" and "test accuracy" in seen[1][1]
+    assert (tmp_path / "cis" / "accuracy.png").stat().st_size > 1000

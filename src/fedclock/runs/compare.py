@@ -199,9 +199,16 @@ def run_compare(
     seeds_text = ", ".join(map(str, seeds))
     runs = [r for rs in groups.values() for r in rs if r]
     if runs:
-        plot_groups(
-            groups, out / "accuracy.png", title=f"{cfg.name}: test accuracy (seeds {seeds_text})"
+        # the headline metric: routed CIS accuracy for early-exit runs (test_accuracy there
+        # is the last exit's alone), else the test accuracy
+        cis = all("cis_accuracy" in r for r in runs)
+        metric, what = (
+            ("cis_accuracy", "CIS accuracy") if cis else ("test_accuracy", "test accuracy")
         )
+        plot_groups(
+            groups, out / "accuracy.png", metric=metric,
+            title=f"{cfg.name}: {what} (seeds {seeds_text})",
+        )  # fmt: skip
     if runs and all(LOSS_PANELS[0][0] in r for r in runs):
         plot_loss_panels(groups, out / "losses.png", title=f"{cfg.name} (seeds {seeds_text})")
     return rows, error or failed
