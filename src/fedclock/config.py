@@ -468,6 +468,9 @@ class WeightedAsyncOptions(AsyncOptions):
 
     #: the d_i rule of aggregation_weights: auto
     default_weights: ClassVar[str] = ""
+    #: when the server steps: on every arrival, every ``delta_t`` (FedFix) or every
+    #: ``buffer_size`` arrivals (FedBuff)
+    trigger: ClassVar[Literal["arrival", "period", "buffer"]] = "arrival"
 
     @classmethod
     def weight_rule(cls, aggregation_weights: str) -> str:
@@ -477,9 +480,9 @@ class WeightedAsyncOptions(AsyncOptions):
     def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
         kind = cls.weight_rule(cls.option(cfg, "aggregation_weights"))
         out = set(super().unread(cfg))
-        if "fedfix" not in (cls.default_weights, kind):  # FedFix's trigger or weights
+        if cls.trigger != "period" and kind != "fedfix":  # FedFix's trigger or weights
             out.add("strategy.delta_t")
-        if "fedbuff" not in (cls.default_weights, kind):  # FedBuff's trigger or weights
+        if cls.trigger != "buffer" and kind != "fedbuff":  # FedBuff's trigger or weights
             out.add("strategy.buffer_size")
         if kind not in ("time-based", "fedfix"):  # the rules that use τ_i
             out.add("strategy.tau_source")
@@ -499,11 +502,13 @@ class AsyncTimeBasedOptions(WeightedAsyncOptions):
 class FedFixOptions(WeightedAsyncOptions):
     name: Literal["fedfix"] = "fedfix"
     default_weights = "fedfix"
+    trigger = "period"
 
 
 class FedBuffOptions(WeightedAsyncOptions):
     name: Literal["fedbuff"] = "fedbuff"
     default_weights = "fedbuff"
+    trigger = "buffer"
 
 
 class FedAsyncOptions(AsyncOptions):

@@ -156,11 +156,8 @@ def _salf(name: str) -> Callable[[ExperimentConfig, BuildInfo], Strategy]:
     return build
 
 
-def _async(name: str) -> Callable[[ExperimentConfig, BuildInfo], Strategy]:
-    def build(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
-        return build_async(cfg, info, name, _local_sgd(cfg, info))
-
-    return build
+def _async(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
+    return build_async(cfg, info, _local_sgd(cfg, info))
 
 
 STRATEGIES: dict[str, StrategySpec] = {
@@ -193,31 +190,31 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec(
             "async-identical",
             "asynchronous FedAvg: a server step on every arrival, weight d_i = 1 (Fraboni et al.)",
-            _async("async-identical"),
+            _async,
             AsyncIdenticalOptions,
         ),
         StrategySpec(
             "async-time-based",
             "asynchronous FedAvg with time-based weights d_i = (Σ 1/τ_j)·τ_i·p_i (Fraboni eq. 36)",
-            _async("async-time-based"),
+            _async,
             AsyncTimeBasedOptions,
         ),
         StrategySpec(
             "fedfix",
             "FedFix: a server step every delta_t with whatever arrived, d_i = ⌈τ_i/Δt⌉·p_i (eq. 40)",
-            _async("fedfix"),
+            _async,
             FedFixOptions,
         ),
         StrategySpec(
             "fedbuff",
             "FedBuff: a server step every buffer_size arrivals, d_i = 1/m (or as configured)",
-            _async("fedbuff"),
+            _async,
             FedBuffOptions,
         ),
         StrategySpec(
             "fedasync",
             "FedAsync (Xie et al.): on each arrival θ ← (1−α_t)θ + α_t·θ_client, α_t = α·s(staleness)",
-            _async("fedasync"),
+            _async,
             FedAsyncOptions,
         ),
         StrategySpec(

@@ -60,7 +60,7 @@ from fedclock.strategies.weights import (
 )
 
 if TYPE_CHECKING:
-    from fedclock.config import ExperimentConfig
+    from fedclock.config import ExperimentConfig, WeightedAsyncOptions
 
 TAU_SOURCES = ("profile", "estimated")
 
@@ -392,12 +392,39 @@ class FixedPeriod(_AllClients):
 # ------------------------------------------------------------------ builders
 
 
-def build_async(cfg: ExperimentConfig, info: BuildInfo, name: str, planner: Planner) -> Strategy:
-    """The strategies ``async-identical``, ``async-time-based``, ``fedfix``, ``fedbuff``, ``fedasync``."""
+def _weighted_trigger(
+    s: WeightedAsyncOptions, name: str, times: UpdateTimes, num_clients: int
+) -> ArrivalBuffer | FixedPeriod:
+    """The trigger the options class declares (``WeightedAsyncOptions.trigger``)."""
+    if s.trigger == "period":
+        if s.delta_t is None:
+            raise ConfigError(
+                f"Strategy '{name}' needs a period: set strategy.delta_t (virtual seconds)."
+            )
+        return FixedPeriod(times, delta_t=s.delta_t, concurrency=s.concurrency)
+    if s.trigger == "buffer":
+        if s.buffer_size is None:
+            raise ConfigError(
+                f"Strategy '{name}' needs a buffer size: set strategy.buffer_size "
+                "(updates per step)."
+            )
+        if s.buffer_size > num_clients:
+            raise ConfigError(
+                f"strategy.buffer_size = {s.buffer_size} exceeds the {num_clients} clients, "
+                "so the buffer could never fill."
+            )
+        return ArrivalBuffer(times, buffer_size=s.buffer_size, concurrency=s.concurrency)
+    return ArrivalBuffer(times, buffer_size=1, concurrency=s.concurrency)
+
+
+def build_async(cfg: ExperimentConfig, info: BuildInfo, planner: Planner) -> Strategy:
+    """The strategies ``async-identical``, ``async-time-based``, ``fedfix``, ``fedbuff``,
+    ``fedasync``: the options class says which trigger and weight rule (no name switch)."""
     from fedclock.config import AsyncOptions, FedAsyncOptions, WeightedAsyncOptions
 
     s = cfg.strategy
     assert isinstance(s, AsyncOptions)
+    name = s.name
     staleness = Staleness(
         kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
     )
@@ -412,30 +439,8 @@ def build_async(cfg: ExperimentConfig, info: BuildInfo, name: str, planner: Plan
         return Strategy(name=name, planner=planner, trigger=trigger, aggregator=aggregator)
 
     assert isinstance(s, WeightedAsyncOptions)
-    m = cfg.partition.num_clients
-    if name == "fedfix" and s.delta_t is None:
-        raise ConfigError(
-            "Strategy 'fedfix' needs a period: set strategy.delta_t (virtual seconds)."
-        )
-    if name == "fedbuff" and s.buffer_size is None:
-        raise ConfigError(
-            "Strategy 'fedbuff' needs a buffer size: set strategy.buffer_size (updates per step)."
-        )
-    if s.buffer_size is not None and name == "fedbuff" and s.buffer_size > m:
-        raise ConfigError(
-            f"strategy.buffer_size = {s.buffer_size} exceeds the {m} clients, "
-            "so the buffer could never fill."
-        )
     times = UpdateTimes(s.tau_source, planner)
-    if name == "fedfix":
-        assert s.delta_t is not None
-        trigger = FixedPeriod(times, delta_t=s.delta_t, concurrency=s.concurrency)
-    elif name == "fedbuff":
-        assert s.buffer_size is not None
-        trigger = ArrivalBuffer(times, buffer_size=s.buffer_size, concurrency=s.concurrency)
-    else:
-        trigger = ArrivalBuffer(times, buffer_size=1, concurrency=s.concurrency)
-
+    trigger = _weighted_trigger(s, name, times, cfg.partition.num_clients)
     kind = type(s).weight_rule(s.aggregation_weights)  # auto: the strategy's own rule
     if kind == "fedfix" and s.delta_t is None:
         raise ConfigError(
