@@ -348,10 +348,7 @@ class SerialExecutor:
         d = step_direction(self.local, [grads[n] for n in names], ps, b0, bufs)
         lr = self.local.lr * lr_scale
         with torch.no_grad():
-            # θ − (η·d): two roundings, as this path always had (the fused add of the full
-            # path would move the Fed-RAA, SALF and CIS goldens by one rounding per step)
-            for p, dn in zip(ps, d, strict=True):
-                p.sub_(lr * dn)
+            torch._foreach_add_(ps, d, alpha=-lr)  # θ ← θ − η·d, as the full path's step
 
     def _run_program(self, task: Task, prog: Program) -> Contribution:
         """A task that trains ``prog.trains`` of the model (a layer suffix: the prefix is frozen)."""
