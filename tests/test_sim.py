@@ -106,21 +106,17 @@ def test_exponential_slowdown_is_exp1():
     assert stats.kstest(draws, "expon").pvalue > 1e-3
 
 
-def test_counter_uniform_is_uniform_and_keyed():
-    from scipy import stats
-
-    from fedclock.rng import counter_key, counter_uniform
-
-    key = counter_key(7, "slowdown")
-    u = np.array([counter_uniform(key, c, k) for c in range(100) for k in range(100)])
-    assert ((u > 0) & (u < 1)).all()
-    assert stats.kstest(u, "uniform").pvalue > 1e-3
-    grid = u.reshape(100, 100)  # consecutive tasks and neighbouring clients uncorrelated
-    assert abs(np.corrcoef(grid[:, :-1].ravel(), grid[:, 1:].ravel())[0, 1]) < 0.03
-    assert abs(np.corrcoef(grid[:-1].ravel(), grid[1:].ravel())[0, 1]) < 0.03
-    assert counter_uniform(key, 3, 4) == counter_uniform(counter_key(7, "slowdown"), 3, 4)
-    assert counter_uniform(key, 3, 4) != counter_uniform(counter_key(8, "slowdown"), 3, 4)
-    assert counter_uniform(key, 3, 4) != counter_uniform(counter_key(7, "other"), 3, 4)
+def test_slowdown_draws_are_keyed_and_uncorrelated():
+    """The counter-based slowdown: neighbouring clients and consecutive tasks uncorrelated,
+    the same (seed, client, k) the same draw, another seed another."""
+    cfg = load_config(raw={"population": {"slowdown": {"kind": "exponential"}}})
+    pop = build_population(cfg.population, 100, seed=7)
+    grid = np.array([[pop.slowdown(c, k) for k in range(100)] for c in range(100)])
+    assert abs(np.corrcoef(grid[:, :-1].ravel(), grid[:, 1:].ravel())[0, 1]) < 0.05
+    assert abs(np.corrcoef(grid[:-1].ravel(), grid[1:].ravel())[0, 1]) < 0.05
+    again = build_population(cfg.population, 100, seed=7)
+    other = build_population(cfg.population, 100, seed=8)
+    assert again.slowdown(3, 4) == grid[3, 4] != other.slowdown(3, 4)
 
 
 @pytest.mark.parametrize("kind", ["none", "lognormal", "exponential"])

@@ -118,7 +118,7 @@ def test_load_shakespeare_small_play(tmp_path: Path) -> None:
     assert n == {"ROMEO": 42, "JULIET": 26}  # 132 and 86 characters
     assert ds.name == "shakespeare" and ds.group_names == ("ROMEO", "JULIET")
     assert ds.input_shape == (8,) and ds.num_classes == 100
-    assert ds.x_train.dtype == torch.int64 and ds.is_tokens and ds.input_dtype == torch.int64
+    assert ds.x_train.dtype == torch.int64 and ds.input_dtype == torch.int64
     # last 25 % of each role's windows (rounded half up) are its test samples
     assert ds.groups is not None and ds.test_groups is not None
     assert np.bincount(ds.groups).tolist() == [42 - 11, 26 - 7]  # 10.5 -> 11, 6.5 -> 7
@@ -321,7 +321,7 @@ def test_cifar10_from_extracted_folder(tmp_path: Path) -> None:
     assert ds.name == "cifar10" and ds.num_classes == 10 and ds.input_shape == (3, 32, 32)
     assert ds.x_train.shape == (30, 3, 32, 32) and ds.x_test.shape == (6, 3, 32, 32)
     assert ds.x_train.dtype == torch.float32 and ds.y_train.dtype == torch.int64
-    assert ds.groups is None and not ds.is_tokens
+    assert ds.groups is None and ds.input_dtype == torch.float32
     # labels in batch order; pixels channel-major, normalised with the CIFAR-10 statistics
     raw = [pickle.loads((folder / f"data_batch_{i}").read_bytes()) for i in range(1, 6)]
     labels = [v for b in raw for v in b[b"labels"]]

@@ -55,7 +55,7 @@ def splitmix64_array(z: np.ndarray) -> np.ndarray:
 
 
 def counter_key(seed: int, purpose: str, *ids: int) -> int:
-    """A 64-bit key for ``(seed, purpose, *ids)``; extend it with :func:`counter_uniform`."""
+    """A 64-bit key for ``(seed, purpose, *ids)``; extend it with :func:`splitmix64` per id."""
     key = 0
     for part in _key(seed, purpose, ids):
         key = splitmix64(key ^ part)
@@ -69,17 +69,6 @@ def counter_keys(seed: int, purpose: str, *ids: np.ndarray) -> np.ndarray:
     for i in ids:
         out = splitmix64_array(out ^ np.asarray(i).astype(np.uint64))
     return out
-
-
-def counter_uniform(key: int, *ids: int) -> float:
-    """A uniform draw on (0, 1) for ``key`` extended by ``ids`` (53 random bits).
-
-    The same (key, ids) always gives the same value; distinct ids give
-    independent-looking values (every id passes through the SplitMix64 mixer).
-    """
-    for i in ids:
-        key = splitmix64(key ^ i)
-    return ((key >> 11) + 0.5) * 2.0**-53
 
 
 def torch_seed(seed: int, purpose: str, *ids: int) -> int:

@@ -110,11 +110,6 @@ def verdict(mine: list[float], theirs: list[float], lower_is_better: bool) -> tu
     return f"better in only {better} of {n} seeds", False
 
 
-def conclude(step: Step, summaries: dict[str, list[dict[str, Any]]], target: float | None) -> str:
-    """The step's one-line conclusion from its cells' summaries (entry → one per seed)."""
-    return "; ".join(text for text, _ in conclusions(step, summaries, target)) + "."
-
-
 def conclusions(
     step: Step, summaries: dict[str, list[dict[str, Any]]], target: float | None
 ) -> list[tuple[str, bool]]:

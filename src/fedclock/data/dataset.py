@@ -55,11 +55,6 @@ class Dataset:
         """``torch.float32`` for real-valued inputs, ``torch.int64`` for token ids."""
         return self.x_train.dtype
 
-    @property
-    def is_tokens(self) -> bool:
-        """Whether the inputs are integer token ids (text) rather than real values."""
-        return not self.x_train.dtype.is_floating_point
-
 
 def data_root(data_dir: str | Path | None, what: str, files: str) -> Path:
     """``data_dir``, else ``$FEDCLOCK_DATA``, as a path; a one-sentence DataError when neither is set.

@@ -73,7 +73,6 @@ MODEL_ARCHS: tuple[str, ...] = (
 )  # fmt: skip
 TOKEN_ARCHS: tuple[str, ...] = ("lstm",)
 """Architectures whose input is integer token ids rather than real values."""
-IMAGE_ARCHS: tuple[str, ...] = ("cnn", "fraboni_cnn", *VGG_CFGS)
 """Architectures that need a ``(C, H, W)`` input."""
 PADDINGS: tuple[str, ...] = ("same", "valid")
 

@@ -359,7 +359,6 @@ class FixedPeriod(_AllClients):
     checkpoint_fields: ClassVar[tuple[str, ...]] = (
         *_AllClients.checkpoint_fields,
         "_waiting",
-        "ticks",
     )
 
     def __init__(
@@ -370,7 +369,6 @@ class FixedPeriod(_AllClients):
             raise ValueError("delta_t must be > 0")
         self.delta_t = delta_t
         self._waiting: list[Contribution] = []
-        self.ticks = 0
 
     def on_start(self, ctx: Context) -> None:
         self._start_all(ctx)
@@ -381,7 +379,6 @@ class FixedPeriod(_AllClients):
         self._waiting.append(contribution)  # idle until the next tick
 
     def on_timer(self, ctx: Context, tag: Any) -> None:
-        self.ticks += 1
         if self._waiting:
             arrived, self._waiting = self._waiting, []
             self._commit_and_restart(ctx, arrived)

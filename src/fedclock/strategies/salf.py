@@ -49,8 +49,6 @@ from fedclock.train.local import Needs
 
 log = logging.getLogger(__name__)
 
-METHODS = ("vanilla", "drop-stragglers", "salf", "heterofl", "asyncfl")
-
 
 # --------------------------------------------------------------------- pure math
 def update_sets(depths: Sequence[int], num_layers: int) -> list[list[int]]:

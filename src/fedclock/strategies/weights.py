@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-WEIGHT_RULES = ("identical", "time-based", "fedfix", "fedbuff", "participation", "sync")
 STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")
 
 # ⌈τ/Δt⌉ is taken as ⌈τ/Δt − CEIL_TOLERANCE⌉, so a ratio that is an integer up

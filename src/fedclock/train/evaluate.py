@@ -347,7 +347,6 @@ class BestValidation:
     checkpoint_fields: ClassVar[tuple[str, ...]] = (
         "best_val",
         "best_val_test_accuracy",
-        "last_val_accuracy",
         "validations",
         "_validated",
     )
@@ -358,7 +357,6 @@ class BestValidation:
         self.every = every  # as an observer: validate every ``every`` server steps
         self.best_val = -1.0
         self.best_val_test_accuracy = float("nan")
-        self.last_val_accuracy = float("nan")
         self.validations = 0
         self._validated: int | None = None  # the version last validated
 
@@ -373,7 +371,6 @@ class BestValidation:
         self._validated = version.version
         self.validations += 1
         vacc, _ = self.val(version)  # type: ignore[operator]
-        self.last_val_accuracy = float(vacc)
         if vacc > self.best_val:
             self.best_val = float(vacc)
             if test_accuracy is None:
