@@ -730,6 +730,10 @@ def test_a_cis_comparison_plots_its_headline_metric(tmp_path, monkeypatch) -> No
     compare.run_compare(cfg, ["cis-serving", "cis-equal"], [1], tmp_path / "cis")
     cfg = load_config(raw=tiny_raw(budget={"aggregations": 2}, executor={"threads": 1}))
     compare.run_compare(cfg, ["fedavg"], [1], tmp_path / "plain")
-    assert seen[0][0] == "cis_accuracy" and "CIS accuracy" in seen[0][1]
-    assert seen[1][0] == "test_accuracy" and "test accuracy" in seen[1][1]
+    assert seen[0][0] == "cis_accuracy" and "CIS accuracy (seed 1)" in seen[0][1]
+    assert seen[1][0] == "test_accuracy" and "test accuracy (seed 1)" in seen[1][1]
     assert (tmp_path / "cis" / "accuracy.png").stat().st_size > 1000
+    # table.md names the early-exit run's test accuracy for what it is: the last exit's
+    head = (tmp_path / "cis" / "table.md").read_text().splitlines()[0]
+    assert "CIS acc" in head and "last-exit acc" in head and "final acc" not in head
+    assert "final acc" in (tmp_path / "plain" / "table.md").read_text().splitlines()[0]

@@ -208,6 +208,24 @@ def test_plot_overlays_runs(tmp_path):
     assert res.exit_code == 2 and "--until must be a positive virtual time" in res.stderr
 
 
+def test_plot_keeps_runs_of_the_same_strategy_and_seed_apart(tmp_path, monkeypatch):
+    """Two comparisons' fedavg/seed-1 cells are two lines, labelled by the folder that
+    tells them apart (the second used to overwrite the first)."""
+    from fedclock.metrics import plots
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(
+        plots, "plot_groups", lambda groups, out, **kw: seen.append(list(groups)) or out
+    )
+    cfg = _write(tmp_path, tiny_raw(budget={"aggregations": 1}))
+    dirs = [tmp_path / c / "fedavg" / "seed-1" for c in ("a", "b")]
+    for d in dirs:
+        assert runner.invoke(app, ["run", str(cfg), "--out", str(d), "-q"]).exit_code == 0
+    res = runner.invoke(app, ["plot", *map(str, dirs), "--out", str(tmp_path / "x.png")])
+    assert res.exit_code == 0, res.output
+    assert seen == [[f"fedavg (seed 3) · {c}/fedavg/seed-1" for c in "ab"]]  # (tiny_raw: seed 3)
+
+
 def test_plot_draws_sweep_folders_side_by_side(tmp_path):
     cfg = _write(tmp_path, tiny_raw(budget={"aggregations": 2}))
     for name, lrs in (("lr-low", "0.02,0.05"), ("lr-high", "0.1,0.2")):

@@ -595,10 +595,12 @@ def _compare_table(
         f"{budget}{spread}"
     )
     target = cfg.eval.target_accuracy
+    cis = bool(rows) and "cis_accuracy_mean" in rows[0]
     cols = [
-        *([("cis_accuracy", "CIS acc", ".3f")] if rows and "cis_accuracy_mean" in rows[0] else []),
-        ("final_test_accuracy", "final acc", ".3f"),
-        ("best_test_accuracy", "best acc", ".3f"),
+        # an early-exit run's test accuracy is its last exit's alone: labelled so
+        *([("cis_accuracy", "CIS acc", ".3f")] if cis else []),
+        ("final_test_accuracy", "last-exit acc" if cis else "final acc", ".3f"),
+        ("best_test_accuracy", "last-exit best" if cis else "best acc", ".3f"),
         ("time_to_target", f"time to {target:g} (s)" if target else "time to target", ".4g"),
         ("aggregations", "server steps", ".4g"),
         ("updates_discarded", "discarded", ".4g"),
@@ -783,6 +785,19 @@ def sweep(
     _finish_grid(console, table, out_dir, rows, error, json_out)
 
 
+def _distinct_names(dirs: list[Path]) -> dict[Path, str]:
+    """Each folder's shortest path suffix that no other folder shares (``a/fedavg/seed-1``
+    and ``b/fedavg/seed-1`` are told apart by ``a/…`` and ``b/…``), so no line of a plot
+    overwrites another's."""
+    parts = {d: d.resolve().parts for d in dict.fromkeys(dirs)}
+    depth = 1
+    while True:
+        names = {d: "/".join(p[-depth:]) for d, p in parts.items()}
+        if len(set(names.values())) == len(names) or depth >= max(map(len, parts.values())):
+            return names
+        depth += 1
+
+
 @app.command()
 # (over 80 lines: its typer options are its signature, and each plot kind is a few lines)
 def plot(
@@ -876,13 +891,14 @@ def plot(
         target = out or run_dirs[0] / ("exits.png" if metric == "exits" else "accuracy.png")
         check_writable([target])
         groups: dict[str, list[dict[str, Any]]] = {}
+        names = _distinct_names(run_dirs)
         for d in run_dirs:
             if not (d / "metrics.csv").is_file():
                 raise DataError(f"{d} is not a run directory: it has no metrics.csv.")
-            label = d.name
+            label = names[d]
             s = read_summary(d)  # (damaged: one sentence)
             if s is not None:
-                label = f"{s['strategy']} (seed {s['seed']}) · {d.name}"
+                label = f"{s['strategy']} (seed {s['seed']}) · {names[d]}"
             metrics = read_metrics(d)
             for col in ("virtual_time", "aggregation"):
                 if metrics and col not in metrics:

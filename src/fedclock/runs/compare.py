@@ -196,7 +196,7 @@ def run_compare(
     if grid_rows:
         write_lr_grid(grid_rows, out, cfg.name)
     groups = {entry: curves[cell] for entry, cell in chosen.items()}
-    seeds_text = ", ".join(map(str, seeds))
+    seeds_text = ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, seeds))
     runs = [r for rs in groups.values() for r in rs if r]
     if runs:
         # the headline metric: routed CIS accuracy for early-exit runs (test_accuracy there
@@ -207,8 +207,8 @@ def run_compare(
         )
         plot_groups(
             groups, out / "accuracy.png", metric=metric,
-            title=f"{cfg.name}: {what} (seeds {seeds_text})",
+            title=f"{cfg.name}: {what} ({seeds_text})",
         )  # fmt: skip
     if runs and all(LOSS_PANELS[0][0] in r for r in runs):
-        plot_loss_panels(groups, out / "losses.png", title=f"{cfg.name} (seeds {seeds_text})")
+        plot_loss_panels(groups, out / "losses.png", title=f"{cfg.name} ({seeds_text})")
     return rows, error or failed
