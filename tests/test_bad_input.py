@@ -191,6 +191,8 @@ CASES: list[tuple[str, Setup]] = [
     ("negative time budget", _run_raw(budget={"virtual_time": -5})),
     ("zero evaluation period", _run_raw(eval={"every_virtual_seconds": 0})),
     ("empty class list", _run_raw(population={"scenario": "classes", "classes": []})),
+    ("class fractions not summing to 1", _run_raw(population={"scenario": "classes", "classes": [{"fraction": 0.3, "speed": 1.0}, {"fraction": 0.3, "speed": 2.0}]})),
+    ("more concurrent clients than clients", _run_raw(strategy={"name": "fedbuff", "buffer_size": 2, "concurrency": 50})),
     ("fed-raa delay bound no device meets", _run_raw(strategy={"name": "fed-raa", "k": 1e-9})),
     ("fed-raa on a model without hidden layer", _run_raw(strategy={"name": "fed-raa"}, model={"arch": "mlp", "hidden": []})),
     ("deadline no device can meet", _run_raw(strategy={"name": "drop-stragglers", "t_max": 1e-9})),

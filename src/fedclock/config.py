@@ -253,6 +253,12 @@ class PopulationConfig(_Section):
     def _classes_given(self) -> PopulationConfig:
         if self.scenario == "classes" and not self.classes:
             raise ValueError("scenario 'classes' needs a non-empty population.classes list")
+        total = math.fsum(c.fraction for c in self.classes)
+        if self.classes and abs(total - 1.0) > 1e-6:
+            raise ValueError(
+                f"the fractions of population.classes sum to {total:g}, not 1; give each "
+                "class its share of the devices"
+            )
         if any(not (math.isfinite(c) and c > 0) for c in self.capabilities):
             raise ValueError("population.capabilities must be two positive numbers")
         return self
@@ -1111,6 +1117,12 @@ class ExperimentConfig(_Section):
                     f"cis: a node holds exit {deepest} but model {self.model.arch} has "
                     f"{model_exits} exits."
                 )
+        concurrency = getattr(self.strategy, "concurrency", None)
+        if concurrency is not None and concurrency > self.partition.num_clients:
+            raise _sentence(
+                f"strategy.concurrency = {concurrency} exceeds the {self.partition.num_clients} "
+                "clients; set at most partition.num_clients (or null: every client)."
+            )
         b, e = self.budget, self.eval
         if (
             b.virtual_time
