@@ -72,6 +72,7 @@ def count_syncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     monkeypatch.setattr(VectorizedExecutor, "run", scoped(VectorizedExecutor.run))
     monkeypatch.setattr(evaluate.Evaluator, "measure", scoped(evaluate.Evaluator.measure))
     monkeypatch.setattr(evaluate, "evaluate_joint", scoped(evaluate.evaluate_joint))
+    monkeypatch.setattr(evaluate.ExitEvaluator, "_measure", scoped(evaluate.ExitEvaluator._measure))
     for meth in _SYNC_METHODS:
         monkeypatch.setattr(torch.Tensor, meth, counted(meth))
     with _Syncs(counter, inside):
@@ -134,3 +135,36 @@ def test_an_evaluation_syncs_once(monkeypatch) -> None:
             for i in range(0, 1000, 64)
         )
     assert loss == want / 1000  # the float64 sum in batch order, bit for bit
+
+
+def test_an_exit_evaluation_syncs_a_fixed_number_of_times(monkeypatch) -> None:
+    """CIS's per-exit evaluator fills its entropy and hit tables on the device and reads
+    them once (5 counted calls: ``cpu`` and ``numpy`` of each table, the loss's scalar), whatever the number of test batches; the
+    accuracies and the last exit's loss are those of a direct computation."""
+
+    class TwoExits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 3), torch.nn.Linear(8, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.stack([self.a(x), self.b(x)], dim=1)  # (B, E, C)
+
+    torch.manual_seed(0)
+    model = TwoExits()
+    x, y = torch.randn(1000, 8), torch.randint(0, 3, (1000,))
+    from fedclock.train.executor import snapshot
+
+    reads = []
+    for batch in (500, 64):  # 2 and 16 batches
+        ev = evaluate.ExitEvaluator(model, x, y, num_exits=2, batch_size=batch)
+        with count_syncs(monkeypatch) as counter:
+            m = ev.more(snapshot(model, 0))
+        reads.append(sum(counter.values()))
+    assert reads[0] == reads[1] <= 5, reads
+    with torch.no_grad():
+        logits = model(x).double()
+    for e in range(2):
+        assert m[f"exit{e + 1}_accuracy"] == pytest.approx(
+            float((logits[:, e].argmax(-1) == y).double().mean()), abs=1e-12
+        )

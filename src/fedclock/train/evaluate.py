@@ -241,19 +241,21 @@ class ExitEvaluator:
         self.model.eval()
         state = {**version.params, **version.buffers}
         n = len(self.y)
-        ent = np.zeros((self.num_exits, n))
-        hit = np.zeros((self.num_exits, n))
-        loss = 0.0
+        # filled on the model's device and read once at the end (one host sync, issue 34)
+        ent_t = torch.empty((self.num_exits, n), dtype=torch.float64, device=self.device)
+        hit_t = torch.empty((self.num_exits, n), dtype=torch.bool, device=self.device)
+        loss_t = torch.zeros((), dtype=torch.float64, device=self.device)
         for i in range(0, n, self.batch_size):
             xb, yb = self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
             logits = functional_call(self.model, state, (xb,)).double()  # (B, E, C)
             logp = F.log_softmax(logits, -1)
             h = -(logp.exp() * logp).sum(-1) / math.log(logits.shape[-1])  # normalised entropy
-            ent[:, i : i + len(yb)] = h.T.cpu().numpy()
-            hit[:, i : i + len(yb)] = (logits.argmax(-1) == yb[:, None]).T.cpu().numpy()
-            loss += float(F.nll_loss(logp[:, -1], yb, reduction="sum"))
+            ent_t[:, i : i + len(yb)] = h.T
+            hit_t[:, i : i + len(yb)] = (logits.argmax(-1) == yb[:, None]).T
+            loss_t += F.nll_loss(logp[:, -1], yb, reduction="sum")
+        ent, hit = ent_t.cpu().numpy(), hit_t.cpu().numpy().astype(np.float64)
         out = {f"exit{e + 1}_accuracy": float(hit[e].mean()) for e in range(self.num_exits)}
-        out["test_loss"] = loss / n
+        out["test_loss"] = float(loss_t) / n
         if self.tree is not None:
             out["cis_accuracy"] = cis_route(self.tree, ent, hit)[0]
         for label, other in self.also.items():
