@@ -87,3 +87,22 @@ def test_mlp_grad_float32_within_rounding_of_autograd(threads: int) -> None:
             torch.testing.assert_close(got_g[n], want_g[n], rtol=0, atol=1024 * eps * scale)
     finally:
         torch.set_num_threads(old)
+
+
+def test_full_model_blocks_of_a_plain_mlp_step_by_hand() -> None:
+    """FedAvg's full-model tasks on a plain MLP take the hand-written gradient too (so
+    test_vectorized's float64 matches against the serial executor cover that path); a CNN
+    does not."""
+    from fedclock.models.shapes import FULL
+    from fedclock.models.zoo import build_model
+    from fedclock.train.local import LocalTraining
+    from fedclock.train.vectorized import VectorizedExecutor
+    from tests.test_vectorized import _data
+
+    data = _data([10, 12], (1, 8, 8))
+    local = LocalTraining(lr=0.1)
+    mlp = build_model("mlp", input_shape=(1, 8, 8), num_classes=10, hidden=[8], seed=0)
+    assert VectorizedExecutor(mlp, data, seed=0, local=local)._by_hand(FULL)
+    cnn = build_model("cnn", input_shape=(1, 8, 8), num_classes=10, seed=0,
+                      channels=[4, 8], fc_hidden=16, kernel_size=3)  # fmt: skip
+    assert not VectorizedExecutor(cnn, data, seed=0, local=local)._by_hand(FULL)

@@ -420,12 +420,15 @@ class VectorizedExecutor:
 
     def _by_hand(self, shape: WorkShape) -> bool:
         """Whether a block of this shape steps with :class:`MlpGrad`: a plain MLP trained
-        whole on the run's loss, unscaled — a sliced submodel (Fed-RAA's neuron fragments)
-        or the full tensors holding only a fragment's elements, zero elsewhere (the
-        authors' element-wise fragments: the step's gradient is the full one, masked after
-        the update as on the vmap path)."""
-        if self._mlp_grad is None or shape is FULL:
+        whole on the run's loss, unscaled — the full model (FedAvg's tasks: 1.3× less CPU
+        than vmap on the Fed-RAA MNIST MLP, docs/benchmarks.md), a sliced submodel (Fed-RAA's
+        neuron fragments) or the full tensors holding only a fragment's elements, zero
+        elsewhere (the authors' element-wise fragments: the step's gradient is the full one,
+        masked after the update as on the vmap path)."""
+        if self._mlp_grad is None:
             return False
+        if shape is FULL:
+            return True
         prog = self._program(shape)
         sliced = prog.views is not None and not prog.masks
         zero_masked = prog.views is None and bool(prog.masks) and prog.mask_fill == "zero"
