@@ -232,7 +232,11 @@ def neuron_masks(
         s = shapes[n]
         if len(s) >= 2:
             cur_units = s[0]
-            cur = None if layer == len(widths) else torch.as_tensor(list(keep[layer]), dtype=torch.long)
+            cur = (
+                None
+                if layer == len(widths)
+                else torch.as_tensor(list(keep[layer]), dtype=torch.long)
+            )
             rows = torch.arange(s[0]) if cur is None else cur
             if prev is None:
                 cols = torch.arange(s[1])

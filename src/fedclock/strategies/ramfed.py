@@ -21,11 +21,10 @@ Fed-RAA's description (docs/methods/ram-fed.md, which numbers the equations cite
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
-
-import logging
 
 import numpy as np
 import torch
@@ -281,7 +280,9 @@ def build_ramfed(cfg: Any, info: Any) -> Any:
     ]
     speed = np.asarray(info.population.speed, dtype=np.float64)
     counts = submodel_counts(layout, (speed / speed.max()).tolist())
-    log.info("ram-fed: submodel rates %s", sorted(set(rates(counts, hidden_widths(layout.param_shapes)))))
+    log.info(
+        "ram-fed: submodel rates %s", sorted(set(rates(counts, hidden_widths(layout.param_shapes))))
+    )
     work = SubmodelWork(
         full_plans=full_plans, layout=layout, counts=counts, extraction=s.extraction
     )
@@ -306,4 +307,3 @@ def rates(counts: Sequence[tuple[int, ...]], widths: Sequence[int]) -> list[floa
     top = max(widths)
     i = list(widths).index(top)
     return [c[i] / top for c in counts]
-
