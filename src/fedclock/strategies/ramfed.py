@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from fedclock.devices.cost import TaskCost
+from fedclock.models.early_exit import EarlyExitNet
 from fedclock.models.shapes import (
     FULL,
     Layout,
@@ -244,6 +245,8 @@ def coverage_average(
 # --------------------------------------------------------------------- the strategy
 def _refusal(model: nn.Module) -> str | None:
     """Why RAM-Fed cannot split ``model`` into neuron submodels, or None."""
+    if isinstance(model, EarlyExitNet):
+        return "splits single-exit models only (not early-exit networks)"
     if any(True for _ in model.buffers()):
         return "supports models without BatchNorm buffers (mlp, cnn) only"
     owners = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
