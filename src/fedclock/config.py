@@ -382,7 +382,8 @@ class _ServerOptions(StrategyOptions):
 
 # ---- synchronous rounds
 class _RoundOptions(_ServerOptions):
-    """fedavg and drop-stragglers: rounds over a fraction of the clients."""
+    """fedavg, fedprox, fednova, ram-fed and drop-stragglers: rounds over a fraction of the
+    clients."""
 
     client_fraction: float = Field(
         1.0, gt=0, le=1, description="fraction C of clients sampled per round"
@@ -405,6 +406,25 @@ class FedNovaOptions(_RoundOptions):
     """FedAvg's rounds with FedNova's normalized averaging (Wang et al.)."""
 
     name: Literal["fednova"] = "fednova"
+
+
+class RamFedOptions(_RoundOptions):
+    """RAM-Fed (Wang et al., KDD 2023; our reading, docs/methods/ram-fed.md): rounds in
+    which each client trains a submodel of neurons sized to its device's speed."""
+
+    name: Literal["ram-fed"] = "ram-fed"
+    extraction: Literal["random", "static"] = Field(
+        "random",
+        description="which neurons a submodel keeps: random (a fresh uniform draw per client "
+        "and round: 'arbitrarily assigned neurons') or static (the first ones of every "
+        "hidden layer, HeteroFL's prefix)",
+    )
+    aggregation: Literal["memory", "coverage"] = Field(
+        "memory",
+        description="memory (RAM-Fed: Σ_i p_i G_i over every client, G_i its latest update of "
+        "each element) or coverage (RA-Fed: each element's p-weighted average over the clients "
+        "that trained it this round)",
+    )
 
 
 class DropStragglersOptions(_RoundOptions):
@@ -791,6 +811,7 @@ StrategyOptionsUnion = Annotated[
     FedAvgOptions
     | FedProxOptions
     | FedNovaOptions
+    | RamFedOptions
     | DropStragglersOptions
     | AsyncIdenticalOptions
     | AsyncTimeBasedOptions

@@ -9,6 +9,9 @@ A :class:`WorkShape` says which part of the model a task trains and sends back:
   neurons of every hidden layer (:func:`width_shapes`);
 - :class:`Fragment` ``(index, ratios)`` — Fed-RAA's model fragment: neuron group ``index``
   of every hidden layer (:func:`fragment_masks`);
+- :class:`Neurons` ``(keep)`` — RAM-Fed's submodel: any chosen neurons of every hidden layer
+  and the weights among them (:func:`neuron_masks`; a prefix of each layer is HeteroFL's
+  width submodel without its Scaler);
 - :class:`Exit` ``(exit, holds)`` — an early exit (CIS): the backbone up to exit ``exit`` and
   its head, trained on that exit's own loss.
 
@@ -27,7 +30,7 @@ import itertools
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -198,6 +201,58 @@ def box_view(mask: torch.Tensor) -> tuple[slice, ...] | None:
     return view if int(mask[view].sum()) == int(mask.sum()) == mask[view].numel() else None
 
 
+def hidden_widths(shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
+    """The units (neurons or channels) of every hidden weight layer, in forward order: the
+    first dim of each tensor of ≥ 2 dims but the last (the output layer)."""
+    weights = [s for s in shapes.values() if len(s) >= 2]
+    return tuple(s[0] for s in weights[:-1])
+
+
+def neuron_masks(
+    shapes: Mapping[str, tuple[int, ...]], keep: Sequence[Sequence[int]]
+) -> dict[str, torch.Tensor]:
+    """The submodel of the neurons ``keep[l]`` of every hidden layer l (RAM-Fed, our reading
+    of Wang et al.): a weight is in it when both its destination unit (its row; every output
+    of the last layer) and its source unit (its column; every input of the first layer) are
+    kept, a bias when its unit is. A layer after a convolution takes its kept channels'
+    flattened features (channel-major). With ``keep[l] = range(k_l)`` these are
+    :func:`width_shapes`' prefixes (HeteroFL's width submodel). Tensors in forward order, as
+    :func:`width_shapes`; one boolean mask per tensor."""
+    names = list(shapes)
+    widths = hidden_widths(shapes)
+    if len(keep) != len(widths):
+        raise ValueError(f"the model has {len(widths)} hidden layers, not {len(keep)}")
+    masks = {n: torch.zeros(shapes[n], dtype=torch.bool) for n in names}
+    layer = 0  # the weight layer reached
+    prev: torch.Tensor | None = None  # the previous layer's kept units (input: all)
+    prev_units = 0
+    cur: torch.Tensor | None = None
+    cur_units = 0
+    for n in names:
+        s = shapes[n]
+        if len(s) >= 2:
+            cur_units = s[0]
+            cur = (
+                None
+                if layer == len(widths)
+                else torch.as_tensor(list(keep[layer]), dtype=torch.long)
+            )
+            rows = torch.arange(s[0]) if cur is None else cur
+            if prev is None:
+                cols = torch.arange(s[1])
+            else:
+                per_unit = s[1] // max(1, prev_units)  # a flattened channel's features
+                cols = (prev[:, None] * per_unit + torch.arange(per_unit)[None, :]).reshape(-1)
+            masks[n][rows[:, None], cols[None, :]] = True
+            prev, prev_units = (torch.arange(s[0]) if cur is None else cur), s[0]
+            layer += 1
+        elif len(s) == 1 and s[0] == cur_units and cur_units > 0:  # the layer's bias
+            masks[n][torch.arange(s[0]) if cur is None else cur] = True
+        else:
+            masks[n][...] = True
+    return masks
+
+
 def prefix_mask(
     shape: tuple[int, ...], keep: tuple[int, ...], device: torch.device | str = "cpu"
 ) -> torch.Tensor:
@@ -309,6 +364,8 @@ class Layout:
     _fragments: dict[tuple[tuple[float, ...], str], list[dict[str, torch.Tensor]]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # the keys of cached programs of transient shapes (drawn afresh per task), oldest first
+    _transient: list[tuple[Any, bool]] = field(default_factory=list, compare=False, repr=False)
     # the initial parameters (CPU copies), where element-wise fragments are asked for
     initial: dict[str, torch.Tensor] | None = field(default=None, compare=False, repr=False)
     # an early-exit network's exits (fedclock.models.early_exit.ExitInfo), for Exit shapes
@@ -380,8 +437,39 @@ class Program:
         return (self.trains, self.scale, self.loss, self.tag)
 
 
+def held_bytes(layout: Layout, masks: Mapping[str, torch.Tensor]) -> int:
+    """The bytes of the elements ``masks`` hold: their share of the model's bytes."""
+    total = sum(math.prod(s) for s in layout.param_shapes.values())
+    held = sum(int(m.sum()) for m in masks.values())
+    return int(layout.model_bytes * held / max(1, total))
+
+
+def masked_cost(layout: Layout, masks: Mapping[str, torch.Tensor], samples: int) -> TaskCost:
+    """A task that trains the elements ``masks`` hold (a submodel of units): each unit's
+    forward and backward FLOPs scaled by the share of its weights held (a product with a
+    smaller weight matrix); the held elements' bytes down and up."""
+    u = layout.units
+    nbytes = held_bytes(layout, masks)
+    share = [0.0] * u.count
+    for n, m in masks.items():
+        if len(layout.param_shapes[n]) >= 2:  # a unit's weight tensor
+            share[u.of_param[n] - 1] = int(m.sum()) / m.numel()
+    fwd = u.unit_fwd or (u.fwd_flops / u.count,) * u.count
+    # as a full task: the input layer's backward is its weight gradient only
+    bwd = (u.bwd_first[0] if u.bwd_first else u.bwd_flops[0], *u.bwd_flops[1:])
+    flops = sum((f + b) * s for f, b, s in zip(fwd, bwd, share, strict=True))
+    return TaskCost(flops=samples * flops, bytes_down=nbytes, bytes_up=nbytes)
+
+
+#: how many programs of transient shapes a layout keeps (RAM-Fed's random submodels)
+TRANSIENT_PROGRAMS = 64
+
+
 class WorkShape:
     """Base of the work shapes (frozen dataclasses: hashable, comparable values)."""
+
+    #: drawn afresh for most tasks (a random submodel): its programs are cached briefly
+    transient: ClassVar[bool] = False
 
     def describe(self) -> str:
         return repr(self)
@@ -414,6 +502,10 @@ class WorkShape:
         got = layout._programs.get(key)
         if got is None:
             got = layout._programs[key] = self._program(layout, trains_fully)
+            if self.transient:  # a bounded cache: such shapes rarely come back
+                layout._transient.append(key)
+                if len(layout._transient) > TRANSIENT_PROGRAMS:
+                    del layout._programs[layout._transient.pop(0)]
         return got
 
     def _program(self, layout: Layout, trains_fully: bool) -> Program:
@@ -609,23 +701,67 @@ class Fragment(WorkShape):
         fragment holds; the fragment's bytes down and up. ``elements``: the full task's
         FLOPs times the fragment's ratio (the authors' simulated duration, measured time ×
         part/100 / cmp)."""
-        u, masks = layout.units, self._masks(layout)
-        total = sum(math.prod(s) for s in layout.param_shapes.values())
-        held = sum(int(m.sum()) for m in masks.values())
-        nbytes = int(layout.model_bytes * held / max(1, total))
+        masks = self._masks(layout)
         if self.kind == "elements":
+            nbytes = held_bytes(layout, masks)
             full = FULL.cost(layout, samples)
             part = self.ratios[self.index] / sum(self.ratios)
             return TaskCost(flops=full.flops * part, bytes_down=nbytes, bytes_up=nbytes)
-        share = [0.0] * u.count
-        for n, m in masks.items():
-            if len(layout.param_shapes[n]) >= 2:  # a unit's weight tensor
-                share[u.of_param[n] - 1] = int(m.sum()) / m.numel()
-        fwd = u.unit_fwd or (u.fwd_flops / u.count,) * u.count
-        # as a full task: the input layer's backward is its weight gradient only
-        bwd = (u.bwd_first[0] if u.bwd_first else u.bwd_flops[0], *u.bwd_flops[1:])
-        flops = sum((f + b) * s for f, b, s in zip(fwd, bwd, share, strict=True))
-        return TaskCost(flops=samples * flops, bytes_down=nbytes, bytes_up=nbytes)
+        return masked_cost(layout, masks, samples)
+
+
+@dataclass(frozen=True)
+class Neurons(WorkShape):
+    """RAM-Fed's submodel (our reading of Wang et al., KDD 2023): the neurons (channels)
+    ``keep[l]`` of every hidden layer l, in forward order, and the weights among them
+    (:func:`neuron_masks`); every output unit. The task's model holds only these elements
+    (zero elsewhere: a dropped unit outputs act(0) = 0 with ReLU, so it is the narrower
+    network) and trains and sends them; no Scaler. It is HeteroFL's ``Width`` submodel
+    without the Scaler when every ``keep[l]`` is a prefix, but any units may be kept."""
+
+    keep: tuple[tuple[int, ...], ...]
+
+    transient: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        for units in self.keep:
+            if not units or list(units) != sorted(set(units)) or units[0] < 0:
+                raise ValueError(
+                    "a neuron submodel keeps a non-empty, increasing list of units per hidden "
+                    f"layer, got {units!r}"
+                )
+
+    def describe(self) -> str:
+        return f"neuron submodel ({', '.join(str(len(k)) for k in self.keep)} hidden units)"
+
+    def masks(self, layout: Layout) -> dict[str, torch.Tensor]:
+        return neuron_masks(layout.param_shapes, self.keep)
+
+    def trains(self, layout: Layout, name: str) -> bool:
+        return True  # every tensor keeps some element (each layer keeps ≥ 1 unit)
+
+    def holds_buffer(self, layout: Layout, name: str) -> bool:
+        return False  # models with buffers are refused; the base's are kept
+
+    def coverage(self, layout: Layout, name: str, like: torch.Tensor) -> torch.Tensor | bool:
+        got = self.program(layout).coverage
+        assert got is not None
+        c = got[name]
+        return c.to(like.device) if isinstance(c, torch.Tensor) else c
+
+    def _program(self, layout: Layout, trains_fully: bool) -> Program:
+        masks = self.masks(layout)
+        names = tuple(layout.param_shapes)
+        partial = {n: m for n, m in masks.items() if not bool(m.all())}
+        cover: dict[str, torch.Tensor | bool] = {n: partial.get(n, True) for n in names}
+        return Program(trains=names, sends=frozenset(names), coverage=cover, masks=partial,
+                       mask_fill="zero", tag=("neurons", self.keep))  # fmt: skip
+
+    def cost(self, layout: Layout, samples: int) -> TaskCost:
+        """:func:`masked_cost`: each unit's FLOPs scaled by the share of its weights kept
+        (k_l·k_(l−1)/(C_l·C_(l−1)) for a layer between two hidden layers); the kept
+        elements' bytes down and up."""
+        return masked_cost(layout, self.masks(layout), samples)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from fedclock.config import (
     FedRAARandomOptions,
     FedRAASyncOptions,
     HeteroFLOptions,
+    RamFedOptions,
     SalfOptions,
     StrategyOptions,
     VanillaOptions,
@@ -46,6 +47,7 @@ from fedclock.strategies.cis import build_cis
 from fedclock.strategies.fednova import FedNovaWeighting, normalized_buffers
 from fedclock.strategies.fedraa import build_fedraa
 from fedclock.strategies.planners import LocalSGDPlanner, local_sgd_plan
+from fedclock.strategies.ramfed import build_ramfed
 from fedclock.strategies.salf import build_salf_family
 from fedclock.strategies.server import ServerOptimizer, server_optimizer
 from fedclock.strategies.triggers import SyncRounds, select_clients
@@ -180,6 +182,13 @@ STRATEGIES: dict[str, StrategySpec] = {
             "FedNova (Wang et al.): FedAvg rounds, Δ_i weighted τ_eff·p_i/τ_i (normalized averaging)",
             _fednova,
             FedNovaOptions,
+        ),
+        StrategySpec(
+            "ram-fed",
+            "RAM-Fed (Wang et al.): rounds of submodels of neurons sized to each device's "
+            "speed, each client's latest update of every element averaged",
+            build_ramfed,
+            RamFedOptions,
         ),
         StrategySpec(
             "drop-stragglers",
