@@ -26,6 +26,7 @@ from fedclock.config import (
     FedRAARandomOptions,
     FedRAASyncOptions,
     HeteroFLOptions,
+    PruneFLOptions,
     SalfOptions,
     StrategyOptions,
     VanillaOptions,
@@ -46,6 +47,7 @@ from fedclock.strategies.cis import build_cis
 from fedclock.strategies.fednova import FedNovaWeighting, normalized_buffers
 from fedclock.strategies.fedraa import build_fedraa
 from fedclock.strategies.planners import LocalSGDPlanner, local_sgd_plan
+from fedclock.strategies.prunefl import build_prunefl
 from fedclock.strategies.salf import build_salf_family
 from fedclock.strategies.server import ServerOptimizer, server_optimizer
 from fedclock.strategies.triggers import SyncRounds, select_clients
@@ -183,6 +185,13 @@ STRATEGIES: dict[str, StrategySpec] = {
             "FedNova (Wang et al.): FedAvg rounds, Δ_i weighted τ_eff·p_i/τ_i (normalized averaging)",
             _fednova,
             FedNovaOptions,
+        ),
+        StrategySpec(
+            "prunefl",
+            "PruneFL (Jiang et al.): FedAvg rounds on a pruned model; the mask reconfigured "
+            "every ΔR rounds from squared gradients against each weight's time cost",
+            build_prunefl,
+            PruneFLOptions,
         ),
         StrategySpec(
             "drop-stragglers",
