@@ -107,7 +107,9 @@ def test_the_reconfiguration_rule_on_a_hand_made_case() -> None:
         True, False, False, False, False,
     ]  # fmt: skip
     # elements neither kept nor candidates are never chosen
-    assert not reconfigure(z, t, keep, np.array([False, False, True, True, True]), fixed_time=1.0)[1]
+    assert not reconfigure(z, t, keep, np.array([False, False, True, True, True]), fixed_time=1.0)[
+        1
+    ]
 
 
 @settings(max_examples=60, deadline=None)
@@ -277,9 +279,7 @@ def test_initial_pruning_stops_by_its_rule_and_charges_its_client() -> None:
         batches=4, interval=2, fraction=0.3, seed=0,
     )  # fmt: skip
     x, y = data.x, data.y
-    done = initial_pruning(
-        model, x, y, data.indices[1], max_rounds=200, threshold=1.0, **kw
-    )  # type: ignore[arg-type]
+    done = initial_pruning(model, x, y, data.indices[1], max_rounds=200, threshold=1.0, **kw)  # type: ignore[arg-type]
     # any change is within a threshold of 100 %: the 5th successive such reconfiguration
     # (6 in all) stops it; the first once the accuracy reaches 1.5/10
     assert len(done.densities) == 6
@@ -288,14 +288,11 @@ def test_initial_pruning_stops_by_its_rule_and_charges_its_client() -> None:
         assert not done.params[n][~m].any()
     # the time: download the model, every step's sparse FLOPs, upload the pruned values
     assert done.duration > 4 * 350 / 1e3
-    never = initial_pruning(
-        model, x, y, data.indices[1], max_rounds=7, threshold=0.0, **kw
-    )  # type: ignore[arg-type]
+    never = initial_pruning(model, x, y, data.indices[1], max_rounds=7, threshold=0.0, **kw)  # type: ignore[arg-type]
     assert never.rounds == 7
     # the model passed in is not changed
     assert all(
-        torch.equal(p, q)
-        for p, q in zip(model.parameters(), _mlp()[0].parameters(), strict=True)
+        torch.equal(p, q) for p, q in zip(model.parameters(), _mlp()[0].parameters(), strict=True)
     )
 
 

@@ -419,7 +419,9 @@ class PruneFLOptions(_RoundOptions):
     initial_client: int | None = Field(
         None, ge=0, description="the client that prunes first (default: the fastest)"
     )
-    initial_batches: int = Field(10, ge=1, description="batches of its data the initial pruning uses")
+    initial_batches: int = Field(
+        10, ge=1, description="batches of its data the initial pruning uses"
+    )
     initial_interval: int = Field(
         50, ge=1, description="initial-pruning rounds (one step per batch) between reconfigurations"
     )

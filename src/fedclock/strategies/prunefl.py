@@ -60,7 +60,7 @@ def release(theta: torch.Tensor, in_use: torch.Tensor, fraction: float) -> torch
     first): they join the candidates of a reconfiguration; the other in-use ones are kept."""
     flat_use = in_use.reshape(-1)
     idx = torch.nonzero(flat_use).flatten()
-    k = int(math.floor(fraction * idx.numel()))
+    k = math.floor(fraction * idx.numel())
     out = torch.zeros_like(flat_use)
     if k > 0:
         mag = theta.detach().reshape(-1)[idx].abs().cpu()
@@ -152,9 +152,9 @@ def adapt(
     keep, cand, z, t = [], [], [], []
     for n in names:
         use = masks[n]
-        out = release(theta[n], use, fraction)
-        keep.append((use & ~out).reshape(-1).numpy())
-        cand.append((~use | out).reshape(-1).numpy())
+        freed = release(theta[n], use, fraction)
+        keep.append((use & ~freed).reshape(-1).numpy())
+        cand.append((~use | freed).reshape(-1).numpy())
         z.append(importance[n].detach().reshape(-1).cpu().double().numpy())
         t.append(np.full(use.numel(), times[n]))
     fixed = float(sum(float(v.double().sum()) for n, v in importance.items() if n not in times))
