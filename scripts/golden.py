@@ -48,6 +48,13 @@ CASES: dict[str, dict[str, Any]] = {
         "strategy.aggregation": "coverage",
         "strategy.client_fraction": 0.5,
     },
+    "prunefl": {
+        "strategy.name": "prunefl",
+        "strategy.reconfig_interval": 2,
+        "strategy.initial_interval": 2,
+        "strategy.initial_max_rounds": 10,
+        "budget.aggregations": 6,
+    },
     "drop-stragglers-deadline": {"strategy.name": "drop-stragglers", "strategy.t_max": 0.5},
     "async-identical": {"strategy.name": "async-identical", **_ASYNC},
     "async-time-based": {"strategy.name": "async-time-based", **_ASYNC},

@@ -58,6 +58,7 @@ STRATEGIES: dict[str, dict[str, object]] = {
     },
     "heterofl": {**_SALF, "strategy.name": "heterofl"},
     "asyncfl": {**_SALF, "strategy.name": "asyncfl"},
+    "prunefl": {"strategy.reconfig_interval": 2, "strategy.initial_max_rounds": 20},
 }
 
 

@@ -22,6 +22,7 @@ _CIS = {
 _NEEDS: dict[str, tuple[dict, dict]] = {
     "fedfix": ({"delta_t": 0.3}, {}),
     "fedbuff": ({"buffer_size": 2}, {}),
+    "prunefl": ({"initial_max_rounds": 20}, {}),  # a short initial pruning
     **{n: ({}, _SALF) for n in ("vanilla", "salf", "heterofl", "asyncfl")},
     "drop-stragglers": ({}, _SALF),
     **{n: ({}, _CIS) for n in STRATEGIES if n.startswith("cis-")},

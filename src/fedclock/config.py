@@ -427,6 +427,50 @@ class RamFedOptions(_RoundOptions):
     )
 
 
+class PruneFLOptions(_RoundOptions):
+    """PruneFL (Jiang et al., TNNLS 2022): FedAvg's rounds on a pruned model, the mask chosen
+    by an initial pruning at one client and reconfigured every ΔR rounds
+    (docs/methods/prunefl.md)."""
+
+    name: Literal["prunefl"] = "prunefl"
+    reconfig_interval: int = Field(
+        50, ge=1, description="ΔR: FL rounds between two reconfigurations of the mask"
+    )
+    release: float = Field(
+        0.3, ge=0, le=1,
+        description="fraction of the kept weights, smallest |θ| first, that a reconfiguration "
+        "may prune (the others stay)",
+    )  # fmt: skip
+    initial_pruning: bool = Field(True, description="prune at one client before the FL rounds")
+    initial_client: int | None = Field(
+        None, ge=0, description="the client that prunes first (default: the fastest)"
+    )
+    initial_batches: int = Field(
+        10, ge=1, description="batches of its data the initial pruning uses"
+    )
+    initial_interval: int = Field(
+        50, ge=1, description="initial-pruning rounds (one step per batch) between reconfigurations"
+    )
+    initial_max_rounds: int = Field(1000, ge=1, description="most initial-pruning rounds")
+    initial_threshold: float = Field(
+        0.1, ge=0,
+        description="the initial pruning stops once 5 successive reconfigurations each changed "
+        "the density by at most this fraction",
+    )  # fmt: skip
+
+    initial_fields: ClassVar[tuple[str, ...]] = (
+        "initial_client", "initial_batches", "initial_interval", "initial_max_rounds",
+        "initial_threshold",
+    )  # fmt: skip
+
+    @classmethod
+    def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
+        out = super().unread(cfg)
+        if not cls.option(cfg, "initial_pruning"):
+            out |= {f"strategy.{f}" for f in cls.initial_fields}
+        return out
+
+
 class DropStragglersOptions(_RoundOptions):
     """FedAvg under a deadline; with ``salf.scenario``, SALF's drop-stragglers baseline."""
 
@@ -812,6 +856,7 @@ StrategyOptionsUnion = Annotated[
     | FedProxOptions
     | FedNovaOptions
     | RamFedOptions
+    | PruneFLOptions
     | DropStragglersOptions
     | AsyncIdenticalOptions
     | AsyncTimeBasedOptions

@@ -360,7 +360,7 @@ def _build(cfg: ExperimentConfig, lockstep: tuple[Any, int] | None) -> _Parts:
         client_sizes=sizes, layer_fwd_flops=tuple(layer.fwd_flops for layer in layers),
         layer_bwd_flops=tuple(layer.bwd_flops for layer in layers),
         model_bytes=param_bytes(model), model=model, layers=tuple(layers),
-        population=population, train=(ds.x_train, ds.y_train),
+        population=population, train=(ds.x_train, ds.y_train), client_indices=data.indices,
     )  # fmt: skip
     strategy = build_strategy(cfg, info)
     check_deadline(strategy, population, cfg)

@@ -13,7 +13,9 @@ A :class:`WorkShape` says which part of the model a task trains and sends back:
   and the weights among them (:func:`neuron_masks`; a prefix of each layer is HeteroFL's
   width submodel without its Scaler);
 - :class:`Exit` ``(exit, holds)`` — an early exit (CIS): the backbone up to exit ``exit`` and
-  its head, trained on that exit's own loss.
+  its head, trained on that exit's own loss;
+- :class:`Mask` ``(masks)`` — PruneFL's pruned model: every tensor trains, the pruned
+  elements stay zero; its cost follows the mask's density.
 
 A shape knows, given the model's :class:`Layout`: which tensors it trains
 (:meth:`WorkShape.trains`), the part of each tensor it covers (:meth:`WorkShape.coverage`:
@@ -26,6 +28,7 @@ rest (:func:`refuse`); nothing else needs to know which paper a shape came from.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from collections.abc import Hashable, Mapping, Sequence
@@ -431,6 +434,9 @@ class Program:
     # downloaded values: a deeper model's neuron fragment computes through every unit)
     mask_fill: str = "zero"
     tag: Hashable = None  # tells apart programs that differ only in their masks
+    # the task also reports Σ_k g_k² per parameter (Contribution.sq_grads): the squared
+    # gradients of every element at each local step, pruned ones included (PruneFL)
+    sq_grads: bool = False
 
     @property
     def key(self) -> Hashable:
@@ -816,3 +822,83 @@ class Exit(WorkShape):
             bytes_down=int(info.param_bytes[self.holds - 1]),
             bytes_up=int(info.param_bytes[e]),
         )
+
+
+def mask_digest(masks: Mapping[str, torch.Tensor]) -> str:
+    """A digest of element masks (name, shape and bits of each): equal masks, equal digest."""
+    h = hashlib.sha256()
+    for n in sorted(masks):
+        m = masks[n].detach().to("cpu", torch.bool).contiguous()
+        h.update(f"{n}:{tuple(m.shape)};".encode())
+        h.update(m.numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Mask(WorkShape):
+    """PruneFL's pruned model (Jiang et al.): every parameter tensor trains and is sent, the
+    elements outside ``masks`` held at zero (before and after each step, so their Δ is 0);
+    a tensor absent from ``masks`` is dense. The task's FLOPs and bytes follow the mask's
+    density (sparse cost; the host computes densely). ``reports``: the task also uploads the
+    squared gradients of every parameter (PruneFL's reconfiguration rounds), dense.
+
+    Equal masks are equal shapes (compared by :func:`mask_digest`)."""
+
+    masks: dict[str, torch.Tensor] = field(compare=False, repr=False)
+    reports: bool = False
+    digest: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.digest:
+            object.__setattr__(self, "digest", mask_digest(self.masks))
+
+    def describe(self) -> str:
+        return "pruned-model (mask)"
+
+    def trains(self, layout: Layout, name: str) -> bool:
+        return True
+
+    def holds_buffer(self, layout: Layout, name: str) -> bool:
+        return True
+
+    def coverage(self, layout: Layout, name: str, like: torch.Tensor) -> torch.Tensor | bool:
+        m = self.masks.get(name)
+        return True if m is None else m.to(like.device)
+
+    def density(self, layout: Layout) -> float:
+        """Kept elements over all parameter elements."""
+        total = sum(math.prod(s) for s in layout.param_shapes.values())
+        return self.kept(layout) / max(1, total)
+
+    def kept(self, layout: Layout) -> int:
+        """Parameter elements the mask keeps."""
+        return sum(
+            int(self.masks[n].sum()) if n in self.masks else math.prod(s)
+            for n, s in layout.param_shapes.items()
+        )
+
+    def _program(self, layout: Layout, trains_fully: bool) -> Program:
+        names = tuple(layout.param_shapes)
+        masks = {n: self.masks[n].to("cpu", torch.bool) for n in names if n in self.masks}
+        cover: dict[str, torch.Tensor | bool] = {n: masks.get(n, True) for n in names}
+        return Program(
+            trains=names, sends=frozenset(names), coverage=cover, masks=masks,
+            mask_fill="zero", tag=("mask", self.digest), sq_grads=True,
+        )  # fmt: skip
+
+    def cost(self, layout: Layout, samples: int) -> TaskCost:
+        """Each unit's forward and backward FLOPs times the density of its weight tensor
+        (a sparse layer computes only its kept weights); the kept values down and up, and
+        with ``reports`` every parameter's squared gradient up (dense, the model's size)."""
+        u = layout.units
+        share = [1.0] * u.count
+        for n, s in layout.param_shapes.items():
+            if len(s) >= 2 and n in self.masks:  # a unit's weight tensor
+                share[u.of_param[n] - 1] = int(self.masks[n].sum()) / math.prod(s)
+        fwd = u.unit_fwd or (u.fwd_flops / u.count,) * u.count
+        # as a full task: the input layer's backward is its weight gradient only
+        bwd = (u.bwd_first[0] if u.bwd_first else u.bwd_flops[0], *u.bwd_flops[1:])
+        flops = sum((f + b) * s for f, b, s in zip(fwd, bwd, share, strict=True))
+        nbytes = int(layout.model_bytes * self.density(layout))
+        up = nbytes + (layout.model_bytes if self.reports else 0)
+        return TaskCost(flops=samples * flops, bytes_down=nbytes, bytes_up=up)

@@ -41,7 +41,7 @@ import torch
 
 from fedclock.devices.cost import TaskCost, TaskTiming
 from fedclock.errors import CheckpointError
-from fedclock.models.shapes import FULL, Exit, Fragment, Full, Neurons, Suffix, Width
+from fedclock.models.shapes import FULL, Exit, Fragment, Full, Mask, Neurons, Suffix, Width
 from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
 
 FORMAT = 2
@@ -60,7 +60,7 @@ def register_value_type(cls: type) -> type:
     return cls
 
 
-for _cls in (TaskPlan, TaskCost, TaskTiming, Full, Suffix, Width, Fragment, Neurons, Exit):
+for _cls in (TaskPlan, TaskCost, TaskTiming, Full, Suffix, Width, Fragment, Neurons, Exit, Mask):
     register_value_type(_cls)
 
 
@@ -169,6 +169,7 @@ class _Encoder:
             "task": self(c.task), "delta": dict(c.delta), "buffers": dict(c.buffers),
             "num_samples": c.num_samples, "train_loss": c.train_loss, "weight": c.weight,
             "coverage": None if c.coverage is None else self(dict(c.coverage)),
+            "sq_grads": None if c.sq_grads is None else dict(c.sq_grads),
         }  # fmt: skip
 
 
@@ -194,6 +195,7 @@ class _Decoder:
                 self._made[key] = Contribution(
                     self(row["task"]), row["delta"], row["buffers"], row["num_samples"],
                     row["train_loss"], row["weight"], self(row["coverage"]),
+                    row.get("sq_grads"),
                 )  # fmt: skip
         return self._made[key]
 

@@ -85,6 +85,9 @@ class Contribution:
     # True / False for a whole tensor, or a boolean mask; None: every element (full work).
     # Aggregators average an element over the contributions that cover it
     coverage: Mapping[str, torch.Tensor | bool] | None = None
+    # Σ over the local steps of each parameter's squared gradient, every element (a work
+    # shape whose program asks for it: PruneFL's importance); None: not reported
+    sq_grads: Params | None = None
 
     def covers(self, name: str) -> torch.Tensor | bool:
         """Whether (or where) this update covers parameter ``name``."""

@@ -26,6 +26,7 @@ from fedclock.config import (
     FedRAARandomOptions,
     FedRAASyncOptions,
     HeteroFLOptions,
+    PruneFLOptions,
     RamFedOptions,
     SalfOptions,
     StrategyOptions,
@@ -47,6 +48,7 @@ from fedclock.strategies.cis import build_cis
 from fedclock.strategies.fednova import FedNovaWeighting, normalized_buffers
 from fedclock.strategies.fedraa import build_fedraa
 from fedclock.strategies.planners import LocalSGDPlanner, local_sgd_plan
+from fedclock.strategies.prunefl import build_prunefl
 from fedclock.strategies.ramfed import build_ramfed
 from fedclock.strategies.salf import build_salf_family
 from fedclock.strategies.server import ServerOptimizer, server_optimizer
@@ -189,6 +191,13 @@ STRATEGIES: dict[str, StrategySpec] = {
             "speed, each client's latest update of every element averaged",
             build_ramfed,
             RamFedOptions,
+        ),
+        StrategySpec(
+            "prunefl",
+            "PruneFL (Jiang et al.): FedAvg rounds on a pruned model; the mask reconfigured "
+            "every ΔR rounds from squared gradients against each weight's time cost",
+            build_prunefl,
+            PruneFLOptions,
         ),
         StrategySpec(
             "drop-stragglers",

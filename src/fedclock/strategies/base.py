@@ -147,3 +147,5 @@ class BuildInfo:
     layers: tuple[Any, ...] = ()  # fedclock.models.layer_view(model)
     population: Population | None = None  # SALF's deadline scenario: exact p_l
     train: tuple[Any, Any] | None = None  # the training inputs and labels (CIS: σ_e)
+    # each client's indices into ``train`` (PruneFL's initial pruning at one client)
+    client_indices: tuple[Any, ...] = ()

@@ -369,9 +369,14 @@ class SerialExecutor:
         if not self.persistent_momentum:
             self.momentum_store.pop(task.client, None)
         total = 0.0
+        # Σ_k g_k² of every element (PruneFL's importance; pruned elements included)
+        sq = {n: torch.zeros_like(params[n]) for n in trains} if prog.sq_grads else None
         for local in steps:
             rows = idx[local].to(self.device)
             grads, loss = suffix_grads(model, trains, self._x[rows], self._y[rows], loss_fn)
+            if sq is not None:
+                for n, g in grads.items():
+                    sq[n].addcmul_(g, g)
             self._step(
                 task.client, params, grads, base=task.base.params, lr_scale=task.plan.lr_scale
             )
@@ -398,7 +403,7 @@ class SerialExecutor:
             buffers[n] = b.detach().clone() if keep else task.base.buffers[n].clone()
         return Contribution(
             task=task, delta=delta, buffers=buffers, num_samples=len(idx),
-            train_loss=total / max(1, len(steps)), coverage=prog.coverage,
+            train_loss=total / max(1, len(steps)), coverage=prog.coverage, sq_grads=sq,
         )  # fmt: skip
 
     def _run_sliced(self, task: Task, prog: Program) -> Contribution:

@@ -553,6 +553,7 @@ class VectorizedExecutor:
         self._block_loss = self.loss
         self._block_masks: list[tuple[int, torch.Tensor]] = []
         self._mask_base = False  # masked-out elements frozen at the base (else zero)
+        self._block_sq: list[torch.Tensor] | None = None  # Σ_k g_k² per client (PruneFL)
         if shape is FULL:
             names, fixed, views, rate = self._names, [], None, None
         else:  # e.g. a SALF suffix: units d..L train, the prefix is a frozen input
@@ -617,6 +618,8 @@ class VectorizedExecutor:
                 for n, p in zip(names, params, strict=True)
             ]  # fmt: skip
         loss_sum = torch.zeros(n_clients, dtype=torch.float64, device=self.device)
+        if shape is not FULL and self._program(shape).sq_grads:
+            self._block_sq = [torch.zeros_like(p) for p in params]
         if not self._mask_base:
             with torch.no_grad():  # a fragment's model holds only its elements
                 for i, m in self._block_masks:
@@ -698,6 +701,11 @@ class VectorizedExecutor:
             if base_params is not None:
                 b0 = [b if shared or k == n_clients else b[:k] for b in base_params]
             b_k = bufs if k == n_clients else [m[:k] for m in bufs]
+            if self._block_sq is not None:
+                with torch.no_grad():
+                    for acc, n in zip(self._block_sq, names, strict=True):
+                        gn = grads[n]
+                        (acc if k == n_clients else acc[:k]).addcmul_(gn, gn)
             g = step_direction(self.local, [grads[n] for n in names], p_k, b0, b_k)
             with torch.no_grad():
                 torch._foreach_add_(p_k, g, alpha=-lr)
@@ -784,6 +792,9 @@ class VectorizedExecutor:
                     ),
                     train_loss=losses[j] / max(1, steps[j]),
                     coverage=None if prog is None else prog.coverage,
+                    sq_grads=None
+                    if self._block_sq is None
+                    else {n: a[j].clone() for n, a in zip(names, self._block_sq, strict=True)},
                 )
             )
         return out
