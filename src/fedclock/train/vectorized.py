@@ -377,6 +377,9 @@ class VectorizedExecutor:
             shape = task.plan.shape
             # a shape without a program is refused here, not run serially
             key = self._full_key if shape is FULL else self._program(shape).key
+            if getattr(shape, "transient", False):  # drawn per task (RAM-Fed's submodels):
+                prog = self._program(shape)  # one block whatever the masks, stacked per task
+                key = (prog.trains, prog.scale, prog.loss, prog.mask_fill, type(shape).__name__)
             reason = self._why_serial(task)
             if reason is not None:
                 self._log_once(reason)
@@ -552,6 +555,7 @@ class VectorizedExecutor:
         self._block_lr = self.local.lr * tasks[0].plan.lr_scale
         self._block_loss = self.loss
         self._block_masks: list[tuple[int, torch.Tensor]] = []
+        self._masks_per_task = False  # block masks (C, ...): each task's own (transient shapes)
         self._mask_base = False  # masked-out elements frozen at the base (else zero)
         self._block_sq: list[torch.Tensor] | None = None  # Σ_k g_k² per client (PruneFL)
         if shape is FULL:
@@ -565,7 +569,19 @@ class VectorizedExecutor:
             if prog.loss is not None:
                 self._block_loss = prog.loss
             self._mask_base = prog.mask_fill == "base"
-            if prog.masks:  # a model fragment: (index in names, its element mask)
+            if getattr(shape, "transient", False):  # each task's masks, stacked (C, ...)
+                progs = [self._program(t.plan.shape) for t in tasks]
+                masked = {n for p in progs for n in (p.masks or {})}
+                self._masks_per_task = True
+                self._block_masks = [
+                    (i, torch.stack([
+                        p.masks[n] if p.masks and n in p.masks
+                        else torch.ones(base.params[n].shape, dtype=torch.bool)
+                        for p in progs
+                    ]).to(self.device))
+                    for i, n in enumerate(names) if n in masked
+                ]  # fmt: skip
+            elif prog.masks:  # a model fragment: (index in names, its element mask)
                 self._block_masks = [
                     (i, prog.masks[n].to(self.device)) for i, n in enumerate(names)
                     if n in prog.masks
@@ -710,6 +726,8 @@ class VectorizedExecutor:
             with torch.no_grad():
                 torch._foreach_add_(p_k, g, alpha=-lr)
                 for i, m in self._block_masks:  # outside its fragment: 0, or the base
+                    if self._masks_per_task and k != n_clients:
+                        m = m[:k]
                     if self._mask_base and base_params is not None:
                         b = base_params[i] if shared or k == n_clients else base_params[i][:k]
                         p_k[i].copy_(torch.where(m, p_k[i], b))
@@ -760,7 +778,7 @@ class VectorizedExecutor:
                 flat = list(torch._foreach_sub(rows, refs))
                 for i, m in self._block_masks:  # Δ = 0 outside the fragment
                     for j in range(len(tasks)):
-                        flat[j * len(names) + i].mul_(m)
+                        flat[j * len(names) + i].mul_(m[j] if self._masks_per_task else m)
         out = []
         for j, task in enumerate(tasks):
             delta = dict(zip(names, flat[j * k : (j + 1) * k], strict=True))
