@@ -27,6 +27,7 @@ from fedclock.config import (
     FedRAASyncOptions,
     HeteroFLOptions,
     SalfOptions,
+    SplitFedOptions,
     StrategyOptions,
     VanillaOptions,
     own_fields,
@@ -48,6 +49,7 @@ from fedclock.strategies.fedraa import build_fedraa
 from fedclock.strategies.planners import LocalSGDPlanner, local_sgd_plan
 from fedclock.strategies.salf import build_salf_family
 from fedclock.strategies.server import ServerOptimizer, server_optimizer
+from fedclock.strategies.splitfed import build_splitfed
 from fedclock.strategies.triggers import SyncRounds, select_clients
 from fedclock.train.local import Needs
 
@@ -183,6 +185,13 @@ STRATEGIES: dict[str, StrategySpec] = {
             "FedNova (Wang et al.): FedAvg rounds, Δ_i weighted τ_eff·p_i/τ_i (normalized averaging)",
             _fednova,
             FedNovaOptions,
+        ),
+        StrategySpec(
+            "splitfed",
+            "SplitFed (Thapa et al.), SFL-V1: FedAvg rounds, each client trains the layers below "
+            "strategy.cut, the server those above, per batch",
+            build_splitfed,
+            SplitFedOptions,
         ),
         StrategySpec(
             "drop-stragglers",
