@@ -60,18 +60,9 @@ def register_value_type(cls: type) -> type:
     return cls
 
 
-for _cls in (
-    TaskPlan,
-    TaskCost,
-    TaskTiming,
-    SplitExchange,
-    Full,
-    Suffix,
-    Width,
-    Fragment,
-    Exit,
-    Split,
-):
+_VALUES = (TaskPlan, TaskCost, TaskTiming, SplitExchange,
+           Full, Suffix, Width, Fragment, Exit, Split)  # fmt: skip
+for _cls in _VALUES:
     register_value_type(_cls)
 
 
