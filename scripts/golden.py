@@ -41,6 +41,7 @@ CASES: dict[str, dict[str, Any]] = {
     "fedavg-fraction": {"strategy.name": "fedavg", "strategy.client_fraction": 0.5},
     "fedprox": {"strategy.name": "fedprox", "strategy.mu": 0.1},
     "fednova": {"strategy.name": "fednova", "partition.sizes": "lognormal"},
+    "splitfed": {"strategy.name": "splitfed", "population.server_speed": 4.0e6},
     "drop-stragglers-deadline": {"strategy.name": "drop-stragglers", "strategy.t_max": 0.5},
     "async-identical": {"strategy.name": "async-identical", **_ASYNC},
     "async-time-based": {"strategy.name": "async-time-based", **_ASYNC},

@@ -203,7 +203,7 @@ _STATIC = {
     "ClientLossEvaluator", "UpdateGuard", "FaultInjector", "Needs", "LocalTraining", "Staleness",
     "BuildInfo", "Counters", "Work", "Budget", "Classifier", "CrossEntropy",
     "EarlyExitNet", "ExitInfo", "ExitLoss", "MultiExitLoss", "Tree", "RunRecorder", "Progress",
-    "Checkpointer",
+    "Checkpointer", "Split",
 }  # fmt: skip
 
 
