@@ -11,6 +11,8 @@ A :class:`WorkShape` says which part of the model a task trains and sends back:
   of every hidden layer (:func:`fragment_masks`);
 - :class:`Exit` ``(exit, holds)`` — an early exit (CIS): the backbone up to exit ``exit`` and
   its head, trained on that exit's own loss.
+- :class:`Split` ``(cut)`` — SplitFed's split: layers 1..cut on the client, the rest on the
+  main server, per batch (its cost carries the exchange; the host trains the whole model).
 
 A shape knows, given the model's :class:`Layout`: which tensors it trains
 (:meth:`WorkShape.trains`), the part of each tensor it covers (:meth:`WorkShape.coverage`:
