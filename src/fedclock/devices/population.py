@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -224,7 +225,7 @@ def build_population(cfg, num_clients: int, seed: int) -> Population:  # cfg: Po
     return replace(pop, server_speed=float(cfg.server_speed))
 
 
-def _build_devices(cfg, n: int, seed: int, common: dict) -> Population:  # type: ignore[type-arg]
+def _build_devices(cfg, n: int, seed: int, common: dict[str, Any]) -> Population:
     """The population's devices (see the module docstring)."""
     if cfg.scenario == "homogeneous":
         return Population(
