@@ -138,8 +138,8 @@ class LayerInfo:
     """Forward FLOPs per sample."""
     bwd_flops: float
     """Backward FLOPs per sample (weight gradients, plus input gradients where needed)."""
-    in_bytes: float = 0.0
-    """Bytes per sample of the layer's input on the dry run (its first call; 0 if never
+    in_numel: float = 0.0
+    """Elements per sample of the layer's input on the dry run (its first call; 0 if never
     called): what crosses a split of the model just below this layer (SplitFed's
     activations, and their gradients back)."""
 
@@ -243,7 +243,7 @@ def layer_view(
         return ()
 
     order: list[str] = []
-    in_bytes: dict[str, float] = {}
+    in_numel: dict[str, float] = {}
     by_id = {id(modules[n]): n for n in owned}
 
     def record(mod: nn.Module, args: tuple[Any, ...]) -> None:
@@ -252,7 +252,7 @@ def layer_view(
             order.append(name)
             x = args[0] if args else None
             if isinstance(x, torch.Tensor):
-                in_bytes[name] = x.numel() * x.element_size() / batch
+                in_numel[name] = x.numel() / batch
 
     rnn_calls: dict[int, list[tuple[int, bool]]] = {}
 
@@ -318,7 +318,7 @@ def layer_view(
                 num_params=sum(sizes[p] for p in owned[name]),
                 fwd_flops=fwd_per,
                 bwd_flops=bwd_per,
-                in_bytes=in_bytes.get(name, 0.0),
+                in_numel=in_numel.get(name, 0.0),
             )
         )
     return tuple(layers)

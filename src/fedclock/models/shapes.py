@@ -244,7 +244,8 @@ class Units:
     bwd_first: tuple[float, ...] = ()
     # forward FLOPs per sample of each unit (paper mode; a model fragment's cost)
     unit_fwd: tuple[float, ...] = ()
-    # bytes per sample of each unit's input (paper mode; what crosses a split below it)
+    # bytes per sample of each unit's input (paper mode; what crosses a split below it),
+    # in its parameters' dtype (the activations a layer takes are of its weights' type)
     in_bytes: tuple[float, ...] = ()
 
     def suffix_bwd(self, depth: int) -> float:
@@ -279,7 +280,7 @@ def build_units(model: torch.nn.Module, layers: Sequence[Any], mode: str) -> Uni
         return Units(
             len(layers), of_param, of_buffer, tuple(lay.bwd_flops for lay in layers), fwd, nbytes,
             bwd_first, tuple(lay.fwd_flops for lay in layers),
-            tuple(lay.in_bytes for lay in layers),
+            tuple(lay.in_numel * params[lay.param_names[0]].element_size() for lay in layers),
         )  # fmt: skip
     entries = list(model.state_dict().items())
     of_param, of_buffer, bwd, nb = {}, {}, [], []
