@@ -55,6 +55,7 @@ CASES: dict[str, dict[str, Any]] = {
         "strategy.initial_max_rounds": 10,
         "budget.aggregations": 6,
     },
+    "splitfed": {"strategy.name": "splitfed", "population.server_speed": 4.0e6},
     "drop-stragglers-deadline": {"strategy.name": "drop-stragglers", "strategy.t_max": 0.5},
     "async-identical": {"strategy.name": "async-identical", **_ASYNC},
     "async-time-based": {"strategy.name": "async-time-based", **_ASYNC},

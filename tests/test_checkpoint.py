@@ -204,7 +204,8 @@ _STATIC = {
     "ClientLossEvaluator", "UpdateGuard", "FaultInjector", "Needs", "LocalTraining", "Staleness",
     "BuildInfo", "Counters", "Work", "Budget", "Classifier", "CrossEntropy",
     "EarlyExitNet", "ExitInfo", "ExitLoss", "MultiExitLoss", "Tree", "RunRecorder", "Progress",
-    "Checkpointer", "Neurons",  # (a work shape: Layout keeps recent transient ones' keys)
+    "Checkpointer", "Split",
+    "Neurons",  # (a work shape: Layout keeps recent transient ones' keys)
 }  # fmt: skip
 
 

@@ -248,6 +248,12 @@ class PopulationConfig(_Section):
     straggler_ratio: float = Field(
         0.0, ge=0, le=1, description="SALF straggler-ratio scenario: fraction ρ of stragglers"
     )
+    server_speed: float | None = Field(
+        None,
+        gt=0,
+        description="FLOP/s of SplitFed's main server, which trains the layers above the cut "
+        "for each client in parallel; null: 10 × the fastest device's speed",
+    )
 
     @model_validator(mode="after")
     def _classes_given(self) -> PopulationConfig:
@@ -469,6 +475,22 @@ class PruneFLOptions(_RoundOptions):
         if not cls.option(cfg, "initial_pruning"):
             out |= {f"strategy.{f}" for f in cls.initial_fields}
         return out
+
+
+class SplitFedOptions(_RoundOptions):
+    """SplitFed (Thapa et al., AAAI 2022), SFL-V1: each client trains the layers below the
+    cut, the main server the layers above it, batch by batch; both sides FedAvg-averaged."""
+
+    name: Literal["splitfed"] = "splitfed"
+    cut: int = Field(
+        1,
+        ge=1,
+        le=BIG_COUNT,
+        description="layers on the client (the split is after layer cut; 1 ≤ cut < the "
+        "model's layer count)",
+    )
+
+    reads_elsewhere = ("population.server_speed",)
 
 
 class DropStragglersOptions(_RoundOptions):
@@ -857,6 +879,7 @@ StrategyOptionsUnion = Annotated[
     | FedNovaOptions
     | RamFedOptions
     | PruneFLOptions
+    | SplitFedOptions
     | DropStragglersOptions
     | AsyncIdenticalOptions
     | AsyncTimeBasedOptions

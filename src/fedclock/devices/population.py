@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,10 @@ from fedclock.rng import _M64, counter_key, splitmix64_at, stream
 _TWO_PI = 2.0 * math.pi
 
 SLOWDOWN_KINDS = ("none", "lognormal", "exponential")
+
+#: population.server_speed's default: SplitFed's server at this many times the fastest
+#: device's speed (docs/methods/splitfed.md)
+SERVER_SPEEDUP = 10.0
 
 
 @dataclass(frozen=True)
@@ -51,12 +56,17 @@ class Population:
     slowdown_kind: str = "none"
     slowdown_sigma: float = 0.5
     seed: int = 0
+    # FLOP/s of the server that trains a split task's upper layers (SplitFed's main
+    # server; it serves each client at this speed, in parallel); inf: its compute is free
+    server_speed: float = math.inf
     _key: int = field(init=False, repr=False, compare=False)
     _speed: memoryview = field(init=False, repr=False, compare=False)
     _up_bandwidth: memoryview = field(init=False, repr=False, compare=False)
     _down_bandwidth: memoryview = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if not self.server_speed > 0:
+            raise ValueError(f"server_speed must be positive, got {self.server_speed}")
         if self.slowdown_kind not in SLOWDOWN_KINDS:
             raise ValueError(
                 f"unknown slowdown kind {self.slowdown_kind!r}; allowed: {', '.join(SLOWDOWN_KINDS)}"
@@ -99,30 +109,36 @@ class Population:
         """Timing of the client's k-th task with cost ``cost`` (the engine's hot path).
 
         Same as :func:`~fedclock.devices.cost.task_timing`: a transfer over an
-        infinite bandwidth is free (x / inf = 0).
+        infinite bandwidth is free (x / inf = 0); a split task's training phase adds its
+        exchange with the server (:class:`~fedclock.devices.cost.SplitExchange`).
         """
-        return TaskTiming(
-            cost.bytes_down / self._down_bandwidth[client],
-            cost.flops / self._speed[client] * self.slowdown(client, k),
-            cost.bytes_up / self._up_bandwidth[client],
-        )
+        up, down = self._up_bandwidth[client], self._down_bandwidth[client]
+        compute = cost.flops / self._speed[client] * self.slowdown(client, k)
+        x = cost.split
+        if x is not None:
+            compute += x.bytes_up / up + x.server_flops / self.server_speed + x.bytes_down / down
+        return TaskTiming(cost.bytes_down / down, compute, cost.bytes_up / up)
 
     def _compiled_timing(self) -> Callable[[int, TaskCost, int], TaskTiming]:
         """:meth:`timing` as a closure; tests check that both agree."""
         speed, up, down = self._speed, self._up_bandwidth, self._down_bandwidth
         kind, key, sigma = self.slowdown_kind, self._key, self.slowdown_sigma
+        server = self.server_speed
         # TaskTiming(a, b, c) without the named tuple's Python-level __new__ (2× faster)
         new = tuple.__new__
         if kind == "none":
 
             def nominal(client: int, cost: TaskCost, k: int) -> TaskTiming:
+                compute = cost.flops / speed[client]
+                x = cost.split
+                if x is not None:  # a split task's exchange with the server
+                    compute += (
+                        x.bytes_up / up[client] + x.server_flops / server
+                        + x.bytes_down / down[client]
+                    )  # fmt: skip
                 return new(
                     TaskTiming,
-                    (
-                        cost.bytes_down / down[client],
-                        cost.flops / speed[client],
-                        cost.bytes_up / up[client],
-                    ),
+                    (cost.bytes_down / down[client], compute, cost.bytes_up / up[client]),
                 )
 
             return nominal
@@ -145,13 +161,14 @@ class Population:
                 s = exp(sigma * normal - half)
             else:
                 s = -log(((z >> 11) + 0.5) * 2.0**-53)
+            compute = cost.flops / speed[client] * s
+            x = cost.split
+            if x is not None:  # a split task's exchange with the server
+                compute += (
+                    x.bytes_up / up[client] + x.server_flops / server + x.bytes_down / down[client]
+                )
             return new(
-                TaskTiming,
-                (
-                    cost.bytes_down / down[client],
-                    cost.flops / speed[client] * s,
-                    cost.bytes_up / up[client],
-                ),
+                TaskTiming, (cost.bytes_down / down[client], compute, cost.bytes_up / up[client])
             )
 
         return timing
@@ -163,6 +180,7 @@ class Population:
             speed=float(self.speed[client]),
             up_bandwidth=float(self.up_bandwidth[client]),
             down_bandwidth=float(self.down_bandwidth[client]),
+            server_speed=self.server_speed,
         )
 
 
@@ -201,6 +219,14 @@ def build_population(cfg, num_clients: int, seed: int) -> Population:  # cfg: Po
         "slowdown_sigma": cfg.slowdown.sigma,
         "seed": seed,
     }
+    pop = _build_devices(cfg, n, seed, common)
+    if cfg.server_speed is None:  # SplitFed's server: 10 × the fastest device by default
+        return replace(pop, server_speed=SERVER_SPEEDUP * float(pop.speed.max()))
+    return replace(pop, server_speed=float(cfg.server_speed))
+
+
+def _build_devices(cfg, n: int, seed: int, common: dict[str, Any]) -> Population:
+    """The population's devices (see the module docstring)."""
     if cfg.scenario == "homogeneous":
         return Population(
             speed=np.full(n, float(cfg.speed)),

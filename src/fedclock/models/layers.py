@@ -138,6 +138,10 @@ class LayerInfo:
     """Forward FLOPs per sample."""
     bwd_flops: float
     """Backward FLOPs per sample (weight gradients, plus input gradients where needed)."""
+    in_numel: float = 0.0
+    """Elements per sample of the layer's input on the dry run (its first call; 0 if never
+    called): what crosses a split of the model just below this layer (SplitFed's
+    activations, and their gradients back)."""
 
 
 def _tracker_names(model: nn.Module) -> dict[int, str]:
@@ -239,12 +243,16 @@ def layer_view(
         return ()
 
     order: list[str] = []
+    in_numel: dict[str, float] = {}
     by_id = {id(modules[n]): n for n in owned}
 
-    def record(mod: nn.Module, _args: object) -> None:
+    def record(mod: nn.Module, args: tuple[Any, ...]) -> None:
         name = by_id[id(mod)]
         if name not in order:
             order.append(name)
+            x = args[0] if args else None
+            if isinstance(x, torch.Tensor):
+                in_numel[name] = x.numel() / batch
 
     rnn_calls: dict[int, list[tuple[int, bool]]] = {}
 
@@ -310,6 +318,7 @@ def layer_view(
                 num_params=sum(sizes[p] for p in owned[name]),
                 fwd_flops=fwd_per,
                 bwd_flops=bwd_per,
+                in_numel=in_numel.get(name, 0.0),
             )
         )
     return tuple(layers)

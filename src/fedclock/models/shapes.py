@@ -15,7 +15,9 @@ A :class:`WorkShape` says which part of the model a task trains and sends back:
 - :class:`Exit` ``(exit, holds)`` — an early exit (CIS): the backbone up to exit ``exit`` and
   its head, trained on that exit's own loss;
 - :class:`Mask` ``(masks)`` — PruneFL's pruned model: every tensor trains, the pruned
-  elements stay zero; its cost follows the mask's density.
+  elements stay zero; its cost follows the mask's density;
+- :class:`Split` ``(cut)`` — SplitFed's split: layers 1..cut on the client, the rest on the
+  main server, per batch (its cost carries the exchange; the host trains the whole model).
 
 A shape knows, given the model's :class:`Layout`: which tensors it trains
 (:meth:`WorkShape.trains`), the part of each tensor it covers (:meth:`WorkShape.coverage`:
@@ -38,7 +40,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from fedclock.devices.cost import TaskCost
+from fedclock.devices.cost import SplitExchange, TaskCost
 from fedclock.models.early_exit import ExitLoss
 
 
@@ -300,6 +302,9 @@ class Units:
     bwd_first: tuple[float, ...] = ()
     # forward FLOPs per sample of each unit (paper mode; a model fragment's cost)
     unit_fwd: tuple[float, ...] = ()
+    # bytes per sample of each unit's input (paper mode; what crosses a split below it),
+    # in its parameters' dtype (the activations a layer takes are of its weights' type)
+    in_bytes: tuple[float, ...] = ()
 
     def suffix_bwd(self, depth: int) -> float:
         """Backward FLOPs per sample of a task of this depth (units depth..L)."""
@@ -333,6 +338,7 @@ def build_units(model: torch.nn.Module, layers: Sequence[Any], mode: str) -> Uni
         return Units(
             len(layers), of_param, of_buffer, tuple(lay.bwd_flops for lay in layers), fwd, nbytes,
             bwd_first, tuple(lay.fwd_flops for lay in layers),
+            tuple(lay.in_numel * params[lay.param_names[0]].element_size() for lay in layers),
         )  # fmt: skip
     entries = list(model.state_dict().items())
     of_param, of_buffer, bwd, nb = {}, {}, [], []
@@ -902,3 +908,86 @@ class Mask(WorkShape):
         nbytes = int(layout.model_bytes * self.density(layout))
         up = nbytes + (layout.model_bytes if self.reports else 0)
         return TaskCost(flops=samples * flops, bytes_down=nbytes, bytes_up=up)
+
+
+@dataclass(frozen=True)
+class Split(WorkShape):
+    """SplitFed's split learning (Thapa et al., AAAI 2022, §3): the client trains layers
+    1..``cut`` (its client-side model), the main server layers cut+1..L (the server-side
+    model), batch by batch — the client's forward pass, its activations (and labels,
+    ``label_bytes`` per sample) up, the server's forward and backward, the gradients of the
+    activations down, the client's backward. The update the task sends covers the whole
+    model: the client-side model from the client, the server-side model from the main
+    server's copy for this client (SFL-V1); on the host both are one local SGD of the whole
+    model on the client's batches (the same arithmetic), so the program is the full one."""
+
+    cut: int
+    label_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.cut < 1:
+            raise ValueError(f"a split leaves at least one layer on the client, got cut {self.cut}")
+        if self.label_bytes < 0:
+            raise ValueError(f"a label has a size ≥ 0 bytes, got {self.label_bytes}")
+
+    def describe(self) -> str:
+        return f"split (cut after layer {self.cut})"
+
+    def check(self, layout: Layout) -> None:
+        """Refuses a cut that leaves the server no layer, or a layout without layers'
+        activation sizes (reference-mode units)."""
+        u = layout.units
+        if not u.in_bytes or not u.unit_fwd:
+            raise UnsupportedShapeError(
+                f"{self.describe()} tasks need the model's layers (paper-mode units)."
+            )
+        if self.cut >= u.count:
+            raise UnsupportedShapeError(
+                f"a cut after layer {self.cut} leaves the server none of the model's "
+                f"{u.count} layers."
+            )
+
+    def trains(self, layout: Layout, name: str) -> bool:
+        return True
+
+    def holds_buffer(self, layout: Layout, name: str) -> bool:
+        return True
+
+    def _program(self, layout: Layout, trains_fully: bool) -> Program:
+        self.check(layout)
+        names = tuple(layout.param_shapes)
+        return Program(trains=names, sends=frozenset(names))
+
+    def client_flops(self, layout: Layout) -> float:
+        """Per sample: forward and backward of layers 1..cut (layer 1's backward is its
+        weight gradient only: its input is the data)."""
+        u = layout.units
+        c = self.cut
+        first = u.bwd_first[0] if u.bwd_first else u.bwd_flops[0]
+        return sum(u.unit_fwd[:c]) + first + sum(u.bwd_flops[1:c])
+
+    def server_flops(self, layout: Layout) -> float:
+        """Per sample: forward and backward of layers cut+1..L, the backward including layer
+        cut+1's input gradient (the gradient sent down)."""
+        u = layout.units
+        return sum(u.unit_fwd[self.cut :]) + sum(u.bwd_flops[self.cut :])
+
+    def cost(self, layout: Layout, samples: int) -> TaskCost:
+        """The client's FLOPs at its speed; the client-side model (layers 1..cut) down and
+        up; per sample the activations at the cut (layer cut+1's input) and a label up,
+        the activations' gradients (as many bytes) down, and the server's FLOPs
+        (``devices.cost``: the training phase adds them all, batch after batch)."""
+        self.check(layout)
+        u = layout.units
+        act = u.in_bytes[self.cut]  # layer cut+1's input, per sample
+        client_bytes = int(sum(u.param_bytes[: self.cut]))
+        return TaskCost(
+            flops=samples * self.client_flops(layout),
+            bytes_down=client_bytes,
+            bytes_up=client_bytes,
+            split=SplitExchange(
+                server_flops=samples * self.server_flops(layout),
+                bytes_up=round(samples * (act + self.label_bytes)),
+                bytes_down=round(samples * act),
+            ),
+        )

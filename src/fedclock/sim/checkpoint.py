@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedclock.devices.cost import TaskCost, TaskTiming
+from fedclock.devices.cost import SplitExchange, TaskCost, TaskTiming
 from fedclock.errors import CheckpointError
-from fedclock.models.shapes import FULL, Exit, Fragment, Full, Mask, Neurons, Suffix, Width
+from fedclock.models.shapes import FULL, Exit, Fragment, Full, Mask, Neurons, Split, Suffix, Width
 from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
 
 FORMAT = 2
@@ -60,7 +60,9 @@ def register_value_type(cls: type) -> type:
     return cls
 
 
-for _cls in (TaskPlan, TaskCost, TaskTiming, Full, Suffix, Width, Fragment, Neurons, Exit, Mask):
+_VALUES = (TaskPlan, TaskCost, TaskTiming, SplitExchange,
+           Full, Suffix, Width, Fragment, Neurons, Exit, Mask, Split)  # fmt: skip
+for _cls in _VALUES:
     register_value_type(_cls)
 
 

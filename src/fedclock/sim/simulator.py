@@ -607,6 +607,9 @@ class Simulator:
                     flush()
                     contribution = results.pop(tid)
                 counters.bytes_up += task.cost.bytes_up
+                if task.cost.split is not None:  # a split task's activations and gradients
+                    counters.bytes_up += task.cost.split.bytes_up
+                    counters.bytes_down += task.cost.split.bytes_down
                 counters.updates_received += 1
                 counters.compute_s_spent += task.timing.compute_s
                 for f in observe_arrival:

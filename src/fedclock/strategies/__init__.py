@@ -29,6 +29,7 @@ from fedclock.config import (
     PruneFLOptions,
     RamFedOptions,
     SalfOptions,
+    SplitFedOptions,
     StrategyOptions,
     VanillaOptions,
     own_fields,
@@ -52,6 +53,7 @@ from fedclock.strategies.prunefl import build_prunefl
 from fedclock.strategies.ramfed import build_ramfed
 from fedclock.strategies.salf import build_salf_family
 from fedclock.strategies.server import ServerOptimizer, server_optimizer
+from fedclock.strategies.splitfed import build_splitfed
 from fedclock.strategies.triggers import SyncRounds, select_clients
 from fedclock.train.local import Needs
 
@@ -198,6 +200,13 @@ STRATEGIES: dict[str, StrategySpec] = {
             "every ΔR rounds from squared gradients against each weight's time cost",
             build_prunefl,
             PruneFLOptions,
+        ),
+        StrategySpec(
+            "splitfed",
+            "SplitFed (Thapa et al.), SFL-V1: FedAvg rounds, each client trains the layers below "
+            "strategy.cut, the server those above, per batch",
+            build_splitfed,
+            SplitFedOptions,
         ),
         StrategySpec(
             "drop-stragglers",
