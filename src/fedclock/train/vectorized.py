@@ -435,8 +435,9 @@ class VectorizedExecutor:
         prog = self._program(shape)
         sliced = prog.views is not None and not prog.masks
         zero_masked = prog.views is None and bool(prog.masks) and prog.mask_fill == "zero"
+        whole = prog.views is None and not prog.masks  # e.g. SplitFed's Split: the full step
         return (
-            (sliced or zero_masked) and prog.scale is None and prog.loss is None
+            (sliced or zero_masked or whole) and prog.scale is None and prog.loss is None
             and len(prog.trains) == len(self._names)
         )  # fmt: skip
 
