@@ -35,12 +35,10 @@ from typing import Any
 import numpy as np
 
 from fedclock.errors import DataError
+from fedclock.metrics.timeline import TIMELINE_FILE
 from fedclock.outputs import HTML_GENERATOR, check_writable
 
 REPORT_FILE = "report.html"
-#: the device timeline's file in a run folder: written by the timeline recorder, which comes
-#: with the simulator's observer protocol (issue 31); no run writes it yet
-TIMELINE_FILE = "timeline.csv"
 #: what a tour (``fedclock tour``) records in its folder: its steps and their conclusions
 TOUR_FILE = "tour.json"
 

@@ -1,0 +1,267 @@
+"""The device timeline: what every device did, one row per task, in a run's ``timeline.csv``.
+
+:class:`TimelineRecorder` is an observer (:mod:`fedclock.sim.observers`). For each task it
+keeps the client, the dispatch time, the download / compute / upload split of its
+:class:`~fedclock.devices.cost.TaskTiming`, when it ended (arrived, was cut, or the run
+ended), its outcome, its base model version, its staleness when aggregated and its work
+shape (SALF's layer suffix, Fed-RAA's fragment, a CIS exit); and the time of every server
+step. It only reads: no metric changes with it.
+
+Outcomes (:data:`OUTCOMES`), each counted like summary.json counts it:
+
+- ``used``: aggregated with staleness 0 and ``stale``: aggregated with staleness ≥ 1
+  (staleness as in summary.json: versions made since its base); together ``updates_used``;
+- ``discarded``: cancelled before it arrived — cut at the deadline (``updates_discarded``);
+- ``rejected``: arrived and refused by the update guard (``updates_rejected``);
+- ``unaggregated``: arrived, never aggregated before the run ended (e.g. in FedBuff's buffer);
+- ``unfinished``: still in flight when the run ended (its bar stops at the end).
+
+``used + stale + rejected + unaggregated`` is ``updates_received``.
+
+Bounded: the file holds the first :data:`MAX_TASKS` tasks in dispatch order (task ids
+0 … MAX_TASKS − 1) and the first :data:`MAX_AGGREGATIONS` server steps; its first line says
+how many there were in all, so a reader knows whether it holds the whole run. Between events
+the rows are checkpoint state (:meth:`TimelineRecorder.checkpoint_state`), so a resumed run
+writes the file an uninterrupted run writes.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from fedclock.sim.types import Contribution, ModelVersion, Task
+
+TIMELINE_FILE = "timeline.csv"
+#: tasks and server steps kept (the first ones): about 1 MB of CSV at most
+MAX_TASKS = 10_000
+MAX_AGGREGATIONS = 10_000
+OUTCOMES = ("used", "stale", "discarded", "rejected", "unaggregated", "unfinished")
+MAGIC = "# fedclock device timeline "
+COLUMNS = (
+    "event", "task_id", "client", "t_start", "download_s", "compute_s", "upload_s", "t_end",
+    "outcome", "base_version", "staleness", "t_server", "work", "local_steps",
+)  # fmt: skip
+
+# a row in memory: a list of numbers, indexed by task id (dispatch order)
+_CLIENT, _START, _DOWN, _COMPUTE, _UP, _END, _OUTCOME, _BASE, _STALE, _SERVER, _WORK, _STEPS = (
+    range(12)
+)
+_WIDTH = 12
+# outcome codes: the final ones index OUTCOMES; two more while the task is open
+_USED, _STALE, _DISCARDED, _REJECTED, _UNAGGREGATED, _UNFINISHED = range(6)
+_IN_FLIGHT, _ARRIVED = _UNFINISHED, _UNAGGREGATED  # (what they become if the run ends so)
+
+
+class TimelineRecorder:
+    """The observer that writes :data:`TIMELINE_FILE` (see the module docstring)."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # (checkpoint_state: arrays)
+
+    def __init__(self, max_tasks: int = MAX_TASKS, max_aggregations: int = MAX_AGGREGATIONS) -> None:
+        self.max_tasks, self.max_aggregations = max_tasks, max_aggregations
+        self.rows: list[list[float]] = []
+        self.aggregations: list[tuple[float, int]] = []  # (virtual time, new version)
+        self.dispatched = 0
+        self.aggregations_total = 0
+        self.labels: list[str] = []  # work-shape labels, by first use
+        self._label_of: dict[Any, int] = {}  # work shape → its label's index
+
+    # ---- observer hooks
+    def on_dispatch(self, sim: Any, task: Task) -> None:
+        self.dispatched += 1
+        if task.task_id >= self.max_tasks:
+            return
+        shape = task.plan.shape
+        work = self._label_of.get(shape)
+        if work is None:
+            work = self._label(shape.describe())
+            self._label_of[shape] = work
+        down, compute, up = task.timing
+        t = task.t_start
+        self.rows.append([
+            task.client, t, down, compute, up, t + (down + compute + up), _IN_FLIGHT,
+            task.base.version, math.nan, math.nan, work, task.plan.local_steps,
+        ])  # fmt: skip
+
+    def on_arrival(self, sim: Any, contribution: Contribution) -> None:
+        tid = contribution.task.task_id
+        if tid < len(self.rows):
+            self.rows[tid][_OUTCOME] = _ARRIVED
+
+    def on_cancel(self, sim: Any, task: Task) -> None:
+        if task.task_id < len(self.rows):
+            row = self.rows[task.task_id]
+            row[_OUTCOME], row[_END] = _DISCARDED, sim.now
+
+    def on_reject(self, sim: Any, contribution: Contribution) -> None:
+        tid = contribution.task.task_id
+        if tid < len(self.rows):
+            row = self.rows[tid]
+            row[_OUTCOME], row[_SERVER] = _REJECTED, sim.now
+
+    def on_commit(self, sim: Any, contributions: Sequence[Contribution]) -> None:
+        current, now, rows = sim.model.version, sim.now, self.rows
+        n = len(rows)
+        for c in contributions:
+            task = c.task
+            if task.task_id < n:
+                row = rows[task.task_id]
+                stale = current - task.base.version  # as the simulator counts it
+                row[_OUTCOME] = _USED if stale == 0 else _STALE
+                row[_STALE], row[_SERVER] = stale, now
+
+    def on_aggregation(self, sim: Any, version: ModelVersion) -> None:
+        self.aggregations_total += 1
+        if len(self.aggregations) < self.max_aggregations:
+            self.aggregations.append((sim.now, version.version))
+
+    def _label(self, text: str) -> int:
+        if text in self.labels:  # (a shape seen before a resume: the same label)
+            return self.labels.index(text)
+        self.labels.append(text)
+        return len(self.labels) - 1
+
+    # ---- checkpoints: the rows as one float64 array (ids, counts and versions are exact)
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {
+            "rows": np.array(self.rows, dtype=np.float64).reshape(-1, _WIDTH),
+            "aggregations": np.array(self.aggregations, dtype=np.float64).reshape(-1, 2),
+            "dispatched": self.dispatched,
+            "aggregations_total": self.aggregations_total,
+            "labels": list(self.labels),
+        }
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        self.rows = state["rows"].tolist()
+        self.aggregations = [(t, int(v)) for t, v in state["aggregations"].tolist()]
+        self.dispatched = state["dispatched"]
+        self.aggregations_total = state["aggregations_total"]
+        self.labels = list(state["labels"])
+        self._label_of = {}  # (rebuilt as shapes come: _label finds their labels)
+
+    # ---- the file
+    def write(self, run_dir: Path, end: float) -> Path:
+        """Write ``run_dir/timeline.csv`` (atomically); ``end``: the virtual time the run ended
+        at (where the bars of unfinished tasks stop)."""
+        meta = {
+            "tasks_dispatched": self.dispatched,
+            "tasks_recorded": len(self.rows),
+            "max_tasks": self.max_tasks,
+            "aggregations": self.aggregations_total,
+            "aggregations_recorded": len(self.aggregations),
+            "max_aggregations": self.max_aggregations,
+            "end": end,
+        }
+        path = run_dir / TIMELINE_FILE
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with tmp.open("w", newline="", encoding="utf-8") as fh:
+            fh.write(MAGIC + json.dumps(meta) + "\n")
+            fh.write(
+                f"# one row per task (event=task) in dispatch order, the first {self.max_tasks}; "
+                f"then the server steps (event=aggregation), the first {self.max_aggregations}. "
+                "Outcomes: used / stale = aggregated with staleness 0 / >= 1; discarded = cut at "
+                "the deadline; rejected = refused by the update guard; unaggregated = arrived, "
+                "never aggregated; unfinished = in flight when the run ended. See "
+                "docs/report.md.\n"
+            )
+            w = csv.writer(fh, lineterminator="\n")
+            w.writerow(COLUMNS)
+            for tid, r in enumerate(self.rows):
+                unfinished = r[_OUTCOME] == _IN_FLIGHT
+                w.writerow([
+                    "task", tid, int(r[_CLIENT]), _f(r[_START]), _f(r[_DOWN]), _f(r[_COMPUTE]),
+                    _f(r[_UP]), _f(min(r[_END], end) if unfinished else r[_END]),
+                    OUTCOMES[int(r[_OUTCOME])], int(r[_BASE]),
+                    "" if math.isnan(r[_STALE]) else int(r[_STALE]), _f(r[_SERVER]),
+                    self.labels[int(r[_WORK])], int(r[_STEPS]),
+                ])  # fmt: skip
+            for t, v in self.aggregations:
+                w.writerow(["aggregation", "", "", _f(t), "", "", "", _f(t), "", v, "", "", "", ""])
+        tmp.replace(path)
+        return path
+
+
+def _f(x: float) -> str:
+    """A time in the file: 9 significant digits (nanosecond-exact for runs up to 10⁹ s / 10⁹)."""
+    return "" if math.isnan(x) else f"{x:.9g}"
+
+
+# ----------------------------------------------------------------------------- reading
+class Timeline:
+    """A run's timeline file, read back: ``meta`` (the first line's counts), ``tasks`` (a
+    column name → array / list, one entry per task row) and ``aggregations`` (virtual times
+    and the versions they made)."""
+
+    def __init__(
+        self, meta: dict[str, Any], tasks: dict[str, Any], agg_t: np.ndarray, agg_v: np.ndarray
+    ) -> None:
+        self.meta, self.tasks, self.agg_t, self.agg_v = meta, tasks, agg_t, agg_v
+
+    def __len__(self) -> int:
+        return len(self.tasks["task_id"])
+
+    @property
+    def complete(self) -> bool:
+        """Whether the file holds every task and server step of the run."""
+        m = self.meta
+        return bool(
+            m.get("tasks_recorded") == m.get("tasks_dispatched")
+            and m.get("aggregations_recorded") == m.get("aggregations")
+        )
+
+    def counts(self) -> dict[str, int]:
+        """Tasks per outcome (every outcome, 0 where none)."""
+        out = dict.fromkeys(OUTCOMES, 0)
+        for o in self.tasks["outcome"]:
+            out[o] = out.get(o, 0) + 1
+        return out
+
+
+_INT = ("task_id", "client", "base_version", "local_steps")
+_FLOAT = ("t_start", "download_s", "compute_s", "upload_s", "t_end", "staleness", "t_server")
+
+
+def read_timeline(path: Path) -> Timeline:
+    """Read a :data:`TIMELINE_FILE`; ``ValueError`` (one sentence) if it is not one."""
+    with path.open(newline="", encoding="utf-8") as fh:
+        first = fh.readline()
+        if not first.startswith(MAGIC):
+            raise ValueError(f"{path} is not a fedclock device timeline (its first line differs).")
+        try:
+            meta = json.loads(first[len(MAGIC) :])
+        except ValueError:
+            raise ValueError(f"{path} is damaged: its first line is not the timeline's counts.") from None
+        lines = (line for line in fh if not line.startswith("#"))
+        reader = csv.DictReader(lines)
+        tasks: dict[str, list[Any]] = {c: [] for c in COLUMNS[1:]}
+        agg_t: list[float] = []
+        agg_v: list[int] = []
+        try:
+            for row in reader:
+                if row["event"] == "aggregation":
+                    agg_t.append(float(row["t_start"]))
+                    agg_v.append(int(row["base_version"]))
+                    continue
+                for c in _INT:
+                    tasks[c].append(int(row[c]))
+                for c in _FLOAT:
+                    tasks[c].append(float(row[c]) if row[c] != "" else math.nan)
+                tasks["outcome"].append(row["outcome"])
+                tasks["work"].append(row["work"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path} is damaged: a row does not have the timeline's columns.") from None
+    cols: dict[str, Any] = {
+        c: np.array(v, dtype=np.int64 if c in _INT else np.float64)
+        for c, v in tasks.items()
+        if c not in ("outcome", "work")
+    }
+    cols["outcome"], cols["work"] = tasks["outcome"], tasks["work"]
+    return Timeline(meta, cols, np.array(agg_t, dtype=np.float64), np.array(agg_v, dtype=np.int64))
