@@ -983,14 +983,25 @@ def report(
         list[Path],
         typer.Argument(help="Run, comparison, sweep or tour folders (each gets its report.html)."),
     ],
+    timeline_window: Annotated[
+        str | None,
+        typer.Option(
+            "--timeline-window",
+            metavar="START:END",
+            help="The device timelines' window in virtual seconds, e.g. 100:160 "
+            "(default: from 0, as many tasks as the page draws).",
+        ),
+    ] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Write report.html into each folder from what is there (nothing is re-run): one
-    self-contained page that opens offline, with the table, the config and the curves."""
+    self-contained page that opens offline, with the table, the config, the curves and the
+    device timelines."""
     from fedclock.report import write_report
 
     console = _console(False, quiet)
     with _user_errors():
+        window = None if timeline_window is None else _window(timeline_window)
         for folder in folders:
             if not folder.is_dir():
                 from fedclock.errors import DataError
@@ -998,8 +1009,24 @@ def report(
                 raise DataError(
                     f"{folder} is not a folder; give a run, comparison or sweep folder."
                 )
-            path = write_report(folder)
+            path = write_report(folder, window=window)
             console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+
+
+def _window(text: str) -> tuple[float, float]:
+    """``START:END`` in virtual seconds; one sentence if it is not that."""
+    from fedclock.errors import ConfigError
+
+    try:
+        lo, hi = (float(x) for x in text.split(":"))
+    except ValueError:
+        lo = hi = math.nan
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
+        raise ConfigError(
+            f"--timeline-window {text!r} is not START:END in virtual seconds with "
+            "0 <= START < END (e.g. 100:160)."
+        )
+    return lo, hi
 
 
 @app.command()

@@ -56,8 +56,8 @@ _CLIENT, _START, _DOWN, _COMPUTE, _UP, _END, _OUTCOME, _BASE, _STALE, _SERVER, _
 )
 _WIDTH = 12
 # outcome codes: the final ones index OUTCOMES; two more while the task is open
-_USED, _STALE, _DISCARDED, _REJECTED, _UNAGGREGATED, _UNFINISHED = range(6)
-_IN_FLIGHT, _ARRIVED = _UNFINISHED, _UNAGGREGATED  # (what they become if the run ends so)
+_O_USED, _O_STALE, _O_DISCARDED, _O_REJECTED, _O_UNAGGREGATED, _O_UNFINISHED = range(6)
+_O_IN_FLIGHT, _O_ARRIVED = _O_UNFINISHED, _O_UNAGGREGATED  # (what they are if the run ends so)
 
 
 class TimelineRecorder:
@@ -87,25 +87,25 @@ class TimelineRecorder:
         down, compute, up = task.timing
         t = task.t_start
         self.rows.append([
-            task.client, t, down, compute, up, t + (down + compute + up), _IN_FLIGHT,
+            task.client, t, down, compute, up, t + (down + compute + up), _O_IN_FLIGHT,
             task.base.version, math.nan, math.nan, work, task.plan.local_steps,
         ])  # fmt: skip
 
     def on_arrival(self, sim: Any, contribution: Contribution) -> None:
         tid = contribution.task.task_id
         if tid < len(self.rows):
-            self.rows[tid][_OUTCOME] = _ARRIVED
+            self.rows[tid][_OUTCOME] = _O_ARRIVED
 
     def on_cancel(self, sim: Any, task: Task) -> None:
         if task.task_id < len(self.rows):
             row = self.rows[task.task_id]
-            row[_OUTCOME], row[_END] = _DISCARDED, sim.now
+            row[_OUTCOME], row[_END] = _O_DISCARDED, sim.now
 
     def on_reject(self, sim: Any, contribution: Contribution) -> None:
         tid = contribution.task.task_id
         if tid < len(self.rows):
             row = self.rows[tid]
-            row[_OUTCOME], row[_SERVER] = _REJECTED, sim.now
+            row[_OUTCOME], row[_SERVER] = _O_REJECTED, sim.now
 
     def on_commit(self, sim: Any, contributions: Sequence[Contribution]) -> None:
         current, now, rows = sim.model.version, sim.now, self.rows
@@ -115,7 +115,7 @@ class TimelineRecorder:
             if task.task_id < n:
                 row = rows[task.task_id]
                 stale = current - task.base.version  # as the simulator counts it
-                row[_OUTCOME] = _USED if stale == 0 else _STALE
+                row[_OUTCOME] = _O_USED if stale == 0 else _O_STALE
                 row[_STALE], row[_SERVER] = stale, now
 
     def on_aggregation(self, sim: Any, version: ModelVersion) -> None:
@@ -175,7 +175,7 @@ class TimelineRecorder:
             w = csv.writer(fh, lineterminator="\n")
             w.writerow(COLUMNS)
             for tid, r in enumerate(self.rows):
-                unfinished = r[_OUTCOME] == _IN_FLIGHT
+                unfinished = r[_OUTCOME] == _O_IN_FLIGHT
                 w.writerow([
                     "task", tid, int(r[_CLIENT]), _f(r[_START]), _f(r[_DOWN]), _f(r[_COMPUTE]),
                     _f(r[_UP]), _f(min(r[_END], end) if unfinished else r[_END]),
