@@ -65,8 +65,9 @@ class TimelineRecorder:
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # (checkpoint_state: arrays)
 
-    def __init__(self, max_tasks: int = MAX_TASKS, max_aggregations: int = MAX_AGGREGATIONS) -> None:
-        self.max_tasks, self.max_aggregations = max_tasks, max_aggregations
+    def __init__(self, max_tasks: int | None = None, max_aggregations: int | None = None) -> None:
+        self.max_tasks = MAX_TASKS if max_tasks is None else max_tasks
+        self.max_aggregations = MAX_AGGREGATIONS if max_aggregations is None else max_aggregations
         self.rows: list[list[float]] = []
         self.aggregations: list[tuple[float, int]] = []  # (virtual time, new version)
         self.dispatched = 0
