@@ -174,7 +174,8 @@ def test_run_report_with_exits_has_cis_and_per_exit_curves_and_no_timeline(tmp_p
     assert {t["yaxis"] for t in per_exit["data"]} == {"y", "y2", "y3"}
     assert "Device timeline" not in page and "cis_accuracy" in page
     (run / TIMELINE_FILE).write_text("task\n")  # the section appears only with the file
-    assert "Device timeline" in build_report(run)
+    page = build_report(run)
+    assert "Device timeline" in page and "is not a fedclock device timeline" in page
 
 
 def test_sweep_report_plots_the_metric_against_the_swept_value(tmp_path: Path) -> None:
@@ -292,8 +293,14 @@ def test_compare_writes_its_report(real_compare: Path) -> None:
         and "strategy.t_max" not in page.split("Config")[0]
     )
     specs = _figures(page)
-    names = {t["name"] for s in specs for t in s["data"] if t.get("name")}
+    curves = [s for s in specs if "barmode" not in s["layout"]]
+    names = {t["name"] for s in curves for t in s["data"] if t.get("name")}
     assert names == {"fedavg (mean of 2 seeds)", "drop-stragglers (mean of 2 seeds)"}
+    # a device timeline per cell, of its first seed; drop-stragglers discards late updates
+    timelines = page.split(">Device timelines<", 1)[1]
+    assert "<h3>fedavg · seed-1</h3>" in timelines and "<h3>drop-stragglers · seed-1</h3>" in timelines
+    groups = [{t.get("legendgroup") for t in s["data"]} for s in specs if s not in curves]
+    assert len(groups) == 2 and "discarded" in groups[1] and "discarded" not in groups[0]
     # `fedclock report` writes the same page again from the folder, re-running nothing
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*.csv")}
     res = runner.invoke(app, ["report", str(out), str(out / "runs" / "fedavg" / "seed-1")])
@@ -348,6 +355,13 @@ def test_reports_render_in_headless_chromium(real_compare: Path, tmp_path: Path,
         n = int(attrs["data-figures"])
         assert n >= 2 and attrs["data-errors"] == "0" and attrs["data-rendered"] == str(n)
         assert dump.stdout.count('class="main-svg"') >= n  # (plotly's own svg, per figure)
+        # the device timelines (one per cell): one drawn row per client shown
+        tags = re.findall(r"<div [^>]*data-timeline-clients[^>]*>", dump.stdout)
+        assert len(tags) == (2 if page == "cmp" else 1)
+        for tag in tags:
+            shown = re.search(r'data-timeline-clients="(\d+)"', tag)
+            rows = re.search(r'data-rows-drawn="(\d+)"', tag)
+            assert shown and rows and int(rows.group(1)) == int(shown.group(1)) > 0, tag
     assert shot.is_file() and shot.stat().st_size > 10_000
 
 
@@ -382,8 +396,13 @@ def test_sweep_writes_its_report(tmp_path: Path) -> None:
                               "--strategies", "drop-stragglers", "--out", str(out), "-q"])  # fmt: skip
     assert res.exit_code == 0, res.output
     page = (out / REPORT_FILE).read_text()
-    (spec,) = _figures(page)
+    spec, *timelines = _figures(page)
     assert spec["data"][0]["x"] == [1.5, 3.0] and "sweep over strategy.t_max" in page
+    # a device timeline per cell (its first seed); the later deadline discards fewer updates
+    assert len(timelines) == 2 and "<h3>drop-stragglers strategy.t_max=3.0 · seed-" in page
+    cut = [sum(len(t["x"]) for t in s["data"] if t.get("legendgroup") == "discarded"
+               and t["showlegend"]) for s in timelines]  # fmt: skip
+    assert cut[0] > cut[1]
 
 
 def test_a_learning_rate_grid_shows_each_strategys_selected_rate(tmp_path: Path) -> None:
