@@ -298,7 +298,9 @@ def test_compare_writes_its_report(real_compare: Path) -> None:
     assert names == {"fedavg (mean of 2 seeds)", "drop-stragglers (mean of 2 seeds)"}
     # a device timeline per cell, of its first seed; drop-stragglers discards late updates
     timelines = page.split(">Device timelines<", 1)[1]
-    assert "<h3>fedavg · seed-1</h3>" in timelines and "<h3>drop-stragglers · seed-1</h3>" in timelines
+    assert (
+        "<h3>fedavg · seed-1</h3>" in timelines and "<h3>drop-stragglers · seed-1</h3>" in timelines
+    )
     groups = [{t.get("legendgroup") for t in s["data"]} for s in specs if s not in curves]
     assert len(groups) == 2 and "discarded" in groups[1] and "discarded" not in groups[0]
     # `fedclock report` writes the same page again from the folder, re-running nothing

@@ -25,15 +25,27 @@ CASES: dict[str, tuple[str, ...]] = {
     # the deadline cuts the slow class's tasks: discarded
     "drop-stragglers": ("strategy.name=drop-stragglers", "strategy.t_max=1.5"),
     # layer suffixes (depth on hover) and the cut ones
-    "salf": ("strategy.name=salf", "salf.scenario=deadline", "strategy.t_max=1.5",
-             "budget.aggregations=6"),
+    "salf": (
+        "strategy.name=salf",
+        "salf.scenario=deadline",
+        "strategy.t_max=1.5",
+        "budget.aggregations=6",
+    ),
     # stale updates, an arrival left in the buffer, tasks in flight at the end
-    "fedbuff": ("strategy.name=fedbuff", "strategy.buffer_size=3", "budget.aggregations=null",
-                "budget.virtual_time=8"),  # fmt: skip
+    "fedbuff": (
+        "strategy.name=fedbuff",
+        "strategy.buffer_size=3",
+        "budget.aggregations=null",
+        "budget.virtual_time=8",
+    ),
     # the guard refuses the faulty clients' updates
-    "guarded": ("strategy.name=fedasync", "budget.aggregations=30",
-                "population.faults.fraction=0.34", "population.faults.kind=scale",
-                "guard.max_update_norm=1000"),  # fmt: skip
+    "guarded": (
+        "strategy.name=fedasync",
+        "budget.aggregations=30",
+        "population.faults.fraction=0.34",
+        "population.faults.kind=scale",
+        "guard.max_update_norm=1000",
+    ),
     # Fed-RAA's fragments
     "fedraa": ("strategy.name=fed-raa", "budget.aggregations=12"),
 }

@@ -70,6 +70,15 @@ BatchRunsOpt = Annotated[
         "executor (bit-identical there), else 1; give N to batch other models too.",
     ),
 ]
+TensorBoardOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--tensorboard",
+        metavar="DIR",
+        help="Also write every evaluation's metrics as TensorBoard scalars under DIR, one "
+        "TensorBoard run per run folder (needs the tensorboard package).",
+    ),
+]
 AddressOpt = Annotated[
     str | None, typer.Option("--address", help="The Ray cluster to use, e.g. ray://head:10001.")
 ]
@@ -327,6 +336,7 @@ def run(
             "config; the result equals an uninterrupted run's).",
         ),
     ] = None,
+    tensorboard: TensorBoardOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -358,7 +368,7 @@ def run(
         else:
             cfg = _load(config, preset, set_, data_dir, console=console)
             _fresh_run_dir(out, cfg)
-        with _progress(console, quiet) as progress:
+        with _tensorboard(tensorboard, None), _progress(console, quiet) as progress:
             result = run_experiment(
                 cfg,
                 run_dir=out,
@@ -465,6 +475,31 @@ def _lr_rates(lr_grid: str | None, no_lr_grid: bool, cfg: Any, console: Console)
         if any(not r > 0 for r in rates):
             raise ConfigError(f"--lr-grid rates must all be > 0, got '{short(lr_grid)}'.")
     return rates
+
+
+@contextmanager
+def _tensorboard(root: Path | None, out_dir: Path | None) -> Iterator[None]:
+    """--tensorboard: every run of this command (and of its workers) writes its scalars
+    (fedclock.metrics.tensorboard); one sentence if the package is missing."""
+    if root is None:
+        yield
+        return
+    from fedclock.metrics.tensorboard import disable, enable
+
+    enable(root, out_dir)
+    try:
+        yield
+    finally:
+        disable()
+
+
+def _tensorboard_missing(root: Path | None, out_dir: Path) -> None:
+    """--tensorboard after a comparison or sweep: the scalars of the cells this command did
+    not run (reused from an earlier one, or run by Ray elsewhere), from their metrics.csv."""
+    if root is not None:
+        from fedclock.metrics.tensorboard import export_missing
+
+        export_missing(p.parent for p in sorted((out_dir / "runs").rglob("metrics.csv")))
 
 
 def _out_dir(out: Path | None, cfg: Any, command: str) -> Path:
@@ -685,6 +720,7 @@ def compare(
     jobs: JobsOpt = None,
     batch_runs: BatchRunsOpt = None,
     address: AddressOpt = None,
+    tensorboard: TensorBoardOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -704,13 +740,14 @@ def compare(
         rates = _lr_rates(lr_grid, no_lr_grid, cfg, console)
         seed_list = _seed_list(seeds, cfg)
         out_dir = _out_dir(out, cfg, "compare")
-        with _progress(console, quiet) as progress:
+        with _tensorboard(tensorboard, out_dir), _progress(console, quiet) as progress:
             rows, error = run_compare(
                 cfg, names, seed_list, out_dir, lr_grid=rates,
                 lr_tune_on=(lr_tune_on or cfg.compare.lr_tune_on) if rates else None,
                 runner=_runner(progress, backend, jobs, address, batch_runs, cfg),
                 **_grid_notes(progress, cfg, out_dir),
             )  # fmt: skip
+            _tensorboard_missing(tensorboard, out_dir)
     table = _compare_table(cfg, rows, names, seed_list, out_dir)
     _finish_grid(console, table, out_dir, rows, error, json_out, seed_list)
 
@@ -735,6 +772,7 @@ def sweep(
     jobs: JobsOpt = None,
     batch_runs: BatchRunsOpt = None,
     address: AddressOpt = None,
+    tensorboard: TensorBoardOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -758,7 +796,7 @@ def sweep(
         names = _strategy_entries(strategies, cfg, [cfg.strategy.name])
         seed_list = _seed_list(seeds, cfg)
         out_dir = _out_dir(out, cfg, "sweep")
-        with _progress(console, quiet) as progress:
+        with _tensorboard(tensorboard, out_dir), _progress(console, quiet) as progress:
             rows, error = run_sweep(
                 cfg,
                 path,
@@ -769,6 +807,7 @@ def sweep(
                 runner=_runner(progress, backend, jobs, address, batch_runs, cfg),
                 **_grid_notes(progress, cfg, out_dir),
             )
+            _tensorboard_missing(tensorboard, out_dir)
     metric = headline_metric(rows)
     table = Table(title=f"{cfg.name}: {metric} over {path} ({len(seed_list)} seed(s))")
     table.add_column("strategy", no_wrap=True)

@@ -37,6 +37,7 @@ from fedclock.metrics.recorder import (
     source_digest,
     summarize,
 )
+from fedclock.metrics.tensorboard import TensorBoardWriter, log_dir_for
 from fedclock.metrics.timeline import TimelineRecorder
 from fedclock.models import build_model, layer_view, param_bytes
 from fedclock.rng import torch_seed
@@ -468,6 +469,8 @@ def run_experiment(
             recorder.note_resume(argv)
         checkpointer = _checkpointer(cfg, run_dir / CHECKPOINT_FILE, header)
         timeline = TimelineRecorder()
+        tb_dir = log_dir_for(run_dir)
+        tensorboard = None if tb_dir is None else TensorBoardWriter(tb_dir)
         guard = _guard(cfg)
         b, ev = cfg.budget, cfg.eval
         sim = Simulator(
@@ -478,6 +481,7 @@ def run_experiment(
             observers=[
                 EvaluationSchedule(ev.every_aggregations, ev.every_virtual_seconds),
                 *parts.metrics, recorder, timeline,
+                *([] if tensorboard is None else [tensorboard]),
                 DivergenceCheck(ev.divergence_factor, guarded=guard is not None and guard.checks),
                 *([] if progress is None else [Progress(progress)]),
                 *([] if checkpointer is None else [checkpointer]),
@@ -488,11 +492,17 @@ def run_experiment(
             sim.execute = lockstep[0].execute(lockstep[1], parts.executor)
         if resumed is not None:
             restore(sim, resumed["state"])
+            if tensorboard is not None:
+                tensorboard.replay(sim.history)
     if lockstep is not None:
         if checkpointer is not None:
             lockstep[0].on_interrupt(lockstep[1], checkpointer.interrupt)
         lockstep[0].built(lockstep[1])
-    summary, error = _run(sim, cfg, recorder, run_dir, wall0, checkpointer, parts, timeline)
+    try:
+        summary, error = _run(sim, cfg, recorder, run_dir, wall0, checkpointer, parts, timeline)
+    finally:
+        if tensorboard is not None:
+            tensorboard.close()
     return RunResult(run_dir=run_dir, summary=summary, history=sim.history, error=error)
 
 

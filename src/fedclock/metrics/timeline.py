@@ -239,7 +239,9 @@ def read_timeline(path: Path) -> Timeline:
         try:
             meta = json.loads(first[len(MAGIC) :])
         except ValueError:
-            raise ValueError(f"{path} is damaged: its first line is not the timeline's counts.") from None
+            raise ValueError(
+                f"{path} is damaged: its first line is not the timeline's counts."
+            ) from None
         lines = (line for line in fh if not line.startswith("#"))
         reader = csv.DictReader(lines)
         tasks: dict[str, list[Any]] = {c: [] for c in COLUMNS[1:]}
@@ -258,7 +260,9 @@ def read_timeline(path: Path) -> Timeline:
                 tasks["outcome"].append(row["outcome"])
                 tasks["work"].append(row["work"])
         except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{path} is damaged: a row does not have the timeline's columns.") from None
+            raise ValueError(
+                f"{path} is damaged: a row does not have the timeline's columns."
+            ) from None
     cols: dict[str, Any] = {
         c: np.array(v, dtype=np.int64 if c in _INT else np.float64)
         for c, v in tasks.items()
