@@ -16,7 +16,7 @@ from fedclock.cli import app
 from tests.conftest import tiny_raw
 
 pytest.importorskip("tensorboard")
-from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import (
     EventAccumulator,
 )
 

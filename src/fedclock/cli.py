@@ -250,16 +250,27 @@ class _Bar:
         done = {"time": sim.now, "aggregations": ctr.aggregations, "updates": ctr.updates_used}[
             self.unit
         ]
-        # the run's headline metric: routed CIS accuracy where there is one (early exits on a
-        # cis tree), else the (last exit's) test accuracy
         last = sim.history[-1] if sim.history else {}
-        key, name = ("cis_accuracy", "cis") if "cis_accuracy" in last else ("test_accuracy", "acc")
-        acc = last.get(key, float("nan"))
+        key, name = headline_column(last)
+        value = last.get(key, float("nan"))
+        shown = f"{value:.4g}" if name == "loss" else f"{value:.3f}"
         self.progress.update(
             self.task,
             completed=min(done, self.total),
-            status=f"t={sim.now:,.1f}s  agg={ctr.aggregations}  {name}={acc:.3f}",
+            status=f"t={sim.now:,.1f}s  agg={ctr.aggregations}  {name}={shown}",
         )
+
+
+def headline_column(row: dict[str, Any]) -> tuple[str, str]:
+    """The metrics.csv column a run's progress bar shows, and its short name: the routed CIS
+    accuracy where there is one (early exits on a CIS tree), the federated loss where the
+    clients' losses are measured (Fraboni et al.'s presets: their headline is a loss),
+    else the (last exit's) test accuracy."""
+    if "cis_accuracy" in row:
+        return "cis_accuracy", "cis"
+    if "federated_loss" in row:
+        return "federated_loss", "loss"
+    return "test_accuracy", "acc"
 
 
 def _progress(console: Console, quiet: bool) -> Progress:
@@ -507,15 +518,69 @@ def _out_dir(out: Path | None, cfg: Any, command: str) -> Path:
     return out or Path(cfg.output_dir) / f"{command}-{cfg.name}"
 
 
-def _grid_notes(progress: Progress, cfg: Any, out_dir: Path) -> dict[str, Any]:
+def _grid_notes(
+    progress: Progress, cfg: Any, out_dir: Path, runner: Any, total: int | None
+) -> dict[str, Any]:
     """The callbacks of ``run_compare`` / ``run_sweep``: a progress bar per cell, and a note
-    for each reused, re-run and merged cell."""
+    for each reused, re-run and merged cell. Cells run one after another (no ``runner``)
+    also get a bar over them all (``total`` cells, if known: cells done, running, failed
+    and the time left); a runner has its own (:func:`_runner`)."""
+    grid = _GridBar(progress, total) if runner is None else None
+
+    def bar(label: str) -> _Bar:
+        if grid is not None:
+            grid.start()
+        return _Bar(progress, cfg, label)
+
+    def result(s: str, seed: int, r: Any) -> None:
+        _note_reuse(progress, s, seed, r)
+        if grid is not None:
+            grid.result(r)
+
     return {
-        "progress_factory": lambda label: _Bar(progress, cfg, label),
-        "on_result": lambda s, seed, r: _note_reuse(progress, s, seed, r),
+        "progress_factory": bar,
+        "on_result": result,
         "on_merged": lambda e: _note_merged(progress, out_dir, e),
         "on_rerun": lambda c, seed, why: _note_rerun(progress, c, seed, why),
     }
+
+
+class _GridBar:
+    """The bar over a grid's cells run one after another: done / running / failed (a cell
+    that did not complete) and the time left from the finished ones; reused cells are not
+    counted as work."""
+
+    def __init__(self, progress: Progress, total: int | None) -> None:
+        self.progress, self.total = progress, total
+        self.task = progress.add_task("cells (one at a time)", total=total, status="")
+        self.eta = _Eta(total)
+        self.done = self.failed = self.reused = self.running = 0
+
+    def start(self) -> None:
+        self.eta.started()
+        self.running = 1
+        self._show()
+
+    def result(self, r: Any) -> None:
+        if r is None:
+            self.reused += 1
+            if self.eta.total is not None:
+                self.eta.total -= 1
+        elif r.summary.get("status") == "completed":
+            self.done += 1
+        else:
+            self.failed += 1
+        self.running = 0
+        self._show()
+
+    def _show(self) -> None:
+        finished = self.done + self.failed
+        reused = f" · reused {self.reused}" if self.reused else ""
+        self.progress.update(
+            self.task, completed=finished + self.reused,
+            status=f"done {self.done} · running {self.running} · failed {self.failed}{reused}"
+            + self.eta.left(finished),
+        )  # fmt: skip
 
 
 def _runner(
@@ -539,6 +604,7 @@ def _runner(
         return None
     counts = {"start": 0, "done": 0, "failed": 0, "retry": 0}
     where = f"{backend}, {jobs or 'all'} at a time" if backend == "local" else backend
+    eta = _Eta()
 
     def describe(size: str) -> str:  # groups of runs in lockstep (here when jobs is 1)
         if backend == "local" and jobs is None:  # a group per core (one group: here)
@@ -553,6 +619,7 @@ def _runner(
 
     def on_event(kind: str, label: str, detail: Any) -> None:
         if kind == "plan":
+            eta.total = detail
             progress.update(task, total=detail)
             return
         if kind == "groups":  # the groups' actual sizes: e.g. 51 cells on 2 cores, 6–7
@@ -566,12 +633,46 @@ def _runner(
             progress.console.print(f"[red]failed[/] {label}: {detail}")
         finished = counts["done"] + counts["failed"]
         running = counts["start"] - finished - counts["retry"]
+        if kind == "start" and counts["start"] == 1:
+            eta.started()
         progress.update(
-            task, completed=counts["done"],
-            status=f"running {running} · done {counts['done']} · failed {counts['failed']}",
+            task, completed=finished,
+            status=f"done {counts['done']} · running {running} · failed {counts['failed']}"
+            + eta.left(finished),
         )  # fmt: skip
 
     return CellRunner(backend, jobs, address=address, on_event=on_event, batch_runs=batch_runs)
+
+
+class _Eta:
+    """Time left in a grid of cells, estimated from the finished ones: the wall time since
+    the first cell started per finished cell (so cells running side by side count as the
+    throughput they give), times the cells left."""
+
+    def __init__(self, total: int | None = None) -> None:
+        self.total = total
+        self._t0: float | None = None
+
+    def started(self) -> None:
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+
+    def left(self, finished: int) -> str:
+        if self._t0 is None or not finished or self.total is None:
+            return ""
+        rest = max(self.total - finished, 0)
+        if not rest:
+            return ""
+        s = (time.perf_counter() - self._t0) / finished * rest
+        return f" · ~{_duration(s)} left"
+
+
+def _duration(s: float) -> str:
+    if s < 60:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{s // 60:.0f}m{s % 60:02.0f}s"
+    return f"{s // 3600:.0f}h{s % 3600 // 60:02.0f}m"
 
 
 def _write_report(console: Console, folder: Path, seeds: list[int] | None = None) -> Path | None:
@@ -741,11 +842,12 @@ def compare(
         seed_list = _seed_list(seeds, cfg)
         out_dir = _out_dir(out, cfg, "compare")
         with _tensorboard(tensorboard, out_dir), _progress(console, quiet) as progress:
+            runner = _runner(progress, backend, jobs, address, batch_runs, cfg)
+            cells = len(names) * len(seed_list) * max(1, len(rates or []))
             rows, error = run_compare(
                 cfg, names, seed_list, out_dir, lr_grid=rates,
                 lr_tune_on=(lr_tune_on or cfg.compare.lr_tune_on) if rates else None,
-                runner=_runner(progress, backend, jobs, address, batch_runs, cfg),
-                **_grid_notes(progress, cfg, out_dir),
+                runner=runner, **_grid_notes(progress, cfg, out_dir, runner, cells),
             )  # fmt: skip
             _tensorboard_missing(tensorboard, out_dir)
     table = _compare_table(cfg, rows, names, seed_list, out_dir)
@@ -797,6 +899,7 @@ def sweep(
         seed_list = _seed_list(seeds, cfg)
         out_dir = _out_dir(out, cfg, "sweep")
         with _tensorboard(tensorboard, out_dir), _progress(console, quiet) as progress:
+            runner = _runner(progress, backend, jobs, address, batch_runs, cfg)
             rows, error = run_sweep(
                 cfg,
                 path,
@@ -804,8 +907,10 @@ def sweep(
                 names,
                 seed_list,
                 out_dir,
-                runner=_runner(progress, backend, jobs, address, batch_runs, cfg),
-                **_grid_notes(progress, cfg, out_dir),
+                runner=runner,
+                # (the count of cells is not known here: an entry that does not read the
+                # swept field runs at one value only)
+                **_grid_notes(progress, cfg, out_dir, runner, None),
             )
             _tensorboard_missing(tensorboard, out_dir)
     metric = headline_metric(rows)
@@ -985,10 +1090,10 @@ def tour(
             out_dir = out / step.folder
             console.rule(f"[bold]{step.title}[/]  (fedclock compare --preset {step.preset})")
             with _progress(console, quiet) as progress:
+                runner = _runner(progress, "local", jobs, None, batch_runs, cfg)
                 rows, error = run_compare(
-                    cfg, names, seed_list, out_dir,
-                    runner=_runner(progress, "local", jobs, None, batch_runs, cfg),
-                    **_grid_notes(progress, cfg, out_dir),
+                    cfg, names, seed_list, out_dir, runner=runner,
+                    **_grid_notes(progress, cfg, out_dir, runner, len(names) * len(seed_list)),
                 )  # fmt: skip
             console.print(_compare_table(cfg, rows, names, seed_list, out_dir))
             if error:
