@@ -170,11 +170,10 @@ def _synthetic(tmp_path: Path, clients: int, tasks_per_client: int) -> Path:
             end = t0 + 1.5 if OUTCOMES[out] in ("discarded", "unfinished") else t0 + 1.9
             rows.append([c, t0, 0.2, 1.5, 0.2, end, out, k, k % 2 if out < 2 else np.nan,
                          end if out < 2 else np.nan, 0, 3])  # fmt: skip
-    rec.rows, rec.dispatched, rec.labels = rows, len(rows), ["full-model"]
+    rec.rows, rec.labels = rows, ["full-model"]
     rec.aggregations = [(2.0 * k + 1.9, k + 1) for k in range(tasks_per_client)]
-    rec.aggregations_total = tasks_per_client
     tmp_path.mkdir(parents=True, exist_ok=True)
-    return rec.write(tmp_path, 2.0 * tasks_per_client)
+    return rec.write(tmp_path, 2.0 * tasks_per_client, len(rows), tasks_per_client)
 
 
 def test_the_figure_draws_every_task_split_into_its_phases(tmp_path: Path) -> None:

@@ -528,7 +528,7 @@ def _run(
             summary["validations"] = v.validations
         losses = None if parts.client_losses is None else parts.client_losses.last
         recorder.write_summary(summary)
-        timeline.write(run_dir, sim.now)
+        timeline.write(run_dir, sim.now, sim.tasks_dispatched, sim.counters.aggregations)
         recorder.write_clients(client_table(
             sim, parts.strategy, parts.population, parts.importance, parts.sizes, losses
         ))  # fmt: skip

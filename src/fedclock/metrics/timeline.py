@@ -70,16 +70,15 @@ class TimelineRecorder:
         self.max_aggregations = MAX_AGGREGATIONS if max_aggregations is None else max_aggregations
         self.rows: list[list[float]] = []
         self.aggregations: list[tuple[float, int]] = []  # (virtual time, new version)
-        self.dispatched = 0
-        self.aggregations_total = 0
+        self._open = 0  # recorded tasks without their final outcome yet
         self.labels: list[str] = []  # work-shape labels, by first use
         self._label_of: dict[Any, int] = {}  # work shape → its label's index
 
     # ---- observer hooks
     def on_dispatch(self, sim: Any, task: Task) -> None:
-        self.dispatched += 1
         if task.task_id >= self.max_tasks:
             return
+        self._open += 1
         shape = task.plan.shape
         work = self._label_of.get(shape)
         if work is None:
@@ -101,14 +100,18 @@ class TimelineRecorder:
         if task.task_id < len(self.rows):
             row = self.rows[task.task_id]
             row[_OUTCOME], row[_END] = _O_DISCARDED, sim.now
+            self._open -= 1
 
     def on_reject(self, sim: Any, contribution: Contribution) -> None:
         tid = contribution.task.task_id
         if tid < len(self.rows):
             row = self.rows[tid]
             row[_OUTCOME], row[_SERVER] = _O_REJECTED, sim.now
+            self._open -= 1
 
     def on_commit(self, sim: Any, contributions: Sequence[Contribution]) -> None:
+        if not self._open:  # (past the bound, every recorded task settled: nothing to do)
+            return
         current, now, rows = sim.model.version, sim.now, self.rows
         n = len(rows)
         for c in contributions:
@@ -118,9 +121,9 @@ class TimelineRecorder:
                 stale = current - task.base.version  # as the simulator counts it
                 row[_OUTCOME] = _O_USED if stale == 0 else _O_STALE
                 row[_STALE], row[_SERVER] = stale, now
+                self._open -= 1
 
     def on_aggregation(self, sim: Any, version: ModelVersion) -> None:
-        self.aggregations_total += 1
         if len(self.aggregations) < self.max_aggregations:
             self.aggregations.append((sim.now, version.version))
 
@@ -135,28 +138,27 @@ class TimelineRecorder:
         return {
             "rows": np.array(self.rows, dtype=np.float64).reshape(-1, _WIDTH),
             "aggregations": np.array(self.aggregations, dtype=np.float64).reshape(-1, 2),
-            "dispatched": self.dispatched,
-            "aggregations_total": self.aggregations_total,
+            "open": self._open,
             "labels": list(self.labels),
         }
 
     def restore_state(self, state: dict[str, Any]) -> None:
         self.rows = state["rows"].tolist()
         self.aggregations = [(t, int(v)) for t, v in state["aggregations"].tolist()]
-        self.dispatched = state["dispatched"]
-        self.aggregations_total = state["aggregations_total"]
+        self._open = state["open"]
         self.labels = list(state["labels"])
         self._label_of = {}  # (rebuilt as shapes come: _label finds their labels)
 
     # ---- the file
-    def write(self, run_dir: Path, end: float) -> Path:
+    def write(self, run_dir: Path, end: float, dispatched: int, aggregations: int) -> Path:
         """Write ``run_dir/timeline.csv`` (atomically); ``end``: the virtual time the run ended
-        at (where the bars of unfinished tasks stop)."""
+        at (where the bars of unfinished tasks stop); ``dispatched``, ``aggregations``: the
+        run's tasks and server steps in all (the simulator's counts)."""
         meta = {
-            "tasks_dispatched": self.dispatched,
+            "tasks_dispatched": dispatched,
             "tasks_recorded": len(self.rows),
             "max_tasks": self.max_tasks,
-            "aggregations": self.aggregations_total,
+            "aggregations": aggregations,
             "aggregations_recorded": len(self.aggregations),
             "max_aggregations": self.max_aggregations,
             "end": end,

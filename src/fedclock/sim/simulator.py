@@ -523,6 +523,11 @@ class Simulator:
         }
 
     @property
+    def tasks_dispatched(self) -> int:
+        """Tasks dispatched so far (task ids are 0 … this − 1, in dispatch order)."""
+        return self._next_task_id
+
+    @property
     def wall_start(self) -> float:
         """``time.perf_counter()`` at the run's start (before a restore: moved back by the
         wall time the checkpointed part took)."""
