@@ -386,7 +386,8 @@ def timeline_section(
     )
     if not clients:
         return f"<p class=note>No task in the window [{win[0]:.4g}, {win[1]:.4g}] s.</p>"
-    fig = figs.add(data, layout, height, f' data-timeline-clients="{len(clients)}"')
+    attrs = f' data-timeline-clients="{len(clients)}" style="min-height:{height}px"'
+    fig = figs.add(data, layout, height, attrs)
     return fig + draw.caption(tl, clients, win, drawn)
 
 
