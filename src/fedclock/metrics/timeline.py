@@ -193,7 +193,7 @@ class TimelineRecorder:
 
 
 def _f(x: float) -> str:
-    """A time in the file: 9 significant digits (nanosecond-exact for runs up to 10⁹ s / 10⁹)."""
+    """A time in the file: 9 significant digits (a relative error below 10⁻⁸)."""
     return "" if math.isnan(x) else f"{x:.9g}"
 
 
