@@ -311,6 +311,19 @@ def test_compare_writes_its_report(real_compare: Path) -> None:
     assert (out / "runs" / "fedavg" / "seed-1" / REPORT_FILE).is_file()
 
 
+def test_the_timeline_window_is_chosen_on_the_command_line(real_compare: Path) -> None:
+    run = real_compare / "cmp" / "runs" / "drop-stragglers" / "seed-2"
+    res = runner.invoke(app, ["report", str(run), "--timeline-window", "1:3"])
+    assert res.exit_code == 0, res.output
+    (tl,) = [s for s in _figures((run / REPORT_FILE).read_text()) if "barmode" in s["layout"]]
+    assert tl["layout"]["xaxis"]["range"] == [1.0, 3.0]
+    bars = [t for t in tl["data"] if t["type"] == "bar"]
+    downloads = [b for t in bars if t["marker"]["opacity"] == 0.35 for b in t["base"]]
+    assert downloads and max(downloads) < 3.0  # each task dispatched before the end
+    res = runner.invoke(app, ["report", str(run), "--timeline-window", "3:1"])
+    assert res.exit_code == 2 and "is not START:END" in res.output
+
+
 def test_run_writes_its_report(real_compare: Path) -> None:
     page = (real_compare / "cis" / REPORT_FILE).read_text()
     assert "Routed CIS accuracy" in page and "Test accuracy of every exit" in page
