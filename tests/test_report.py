@@ -381,9 +381,12 @@ def test_reports_render_in_headless_chromium(real_compare: Path, tmp_path: Path,
 
 
 def test_a_report_of_8_cells_by_3_seeds_takes_under_5_seconds(tmp_path: Path) -> None:
-    """Reading 24 runs of 300 evaluations each and writing the page re-runs nothing and is
-    quick (the acceptance bound is 5 s; here it is about half a second)."""
+    """Reading 24 runs of 300 evaluations each, and each cell's full-size device timeline
+    (the bound: 10,000 tasks), and writing the page re-runs nothing and is quick (the
+    acceptance bound is 5 s; here it is about 2 s)."""
     import time
+
+    from fedclock.metrics.timeline import MAX_TASKS, TimelineRecorder
 
     out = tmp_path / "grid"
     rows = []
@@ -392,6 +395,12 @@ def test_a_report_of_8_cells_by_3_seeds_takes_under_5_seconds(tmp_path: Path) ->
         for seed in (1, 2, 3):
             acc = [min(0.95, 0.1 + 0.003 * k * (1 + 0.1 * i)) for k in range(300)]
             _run(out / "runs" / name / f"seed-{seed}", strategy=name, seed=seed, acc=acc)
+        rec = TimelineRecorder()  # 40 clients, a task each per second, all used
+        rec.rows = [[k % 40, float(k // 40), 0.1, 0.6, 0.1, k // 40 + 0.8, 0, k // 40, 0.0,
+                     k // 40 + 0.8, 0, 5] for k in range(MAX_TASKS)]  # fmt: skip
+        rec.labels = ["full-model"]
+        rec.aggregations = [(k + 0.8, k + 1) for k in range(MAX_TASKS // 40)]
+        rec.write(out / "runs" / name / "seed-1", 300.0, 12_000, 300)
         rows.append({"strategy": name, "final_test_accuracy_mean": 0.9,
                      "final_test_accuracy_std": 0.01, "n_seeds": 3})  # fmt: skip
     _table(out, rows)
@@ -401,6 +410,7 @@ def test_a_report_of_8_cells_by_3_seeds_takes_under_5_seconds(tmp_path: Path) ->
     page = path.read_text()
     # a mean line per strategy in each of 4 panels (accuracy and loss, by time and by steps)
     assert page.count("(mean of 3 seeds)") == 4 * 8 and path.stat().st_size < MAX_BYTES
+    assert page.count("data-timeline-clients=") == 8 and "the first 10000 of 12000 tasks" in page
 
 
 def test_sweep_writes_its_report(tmp_path: Path) -> None:
