@@ -52,7 +52,13 @@ def outputs(run_dir: Path) -> tuple[Any, ...]:
     keep = [i for i, h in enumerate(rows[0]) if h != "wall_time"]
     summary = json.loads((run_dir / "summary.json").read_text())
     summary.pop("wall_s")
-    return [[r[i] for i in keep] for r in rows], summary, (run_dir / "clients.csv").read_text()
+    timeline = run_dir / "timeline.csv"
+    return (
+        [[r[i] for i in keep] for r in rows],
+        summary,
+        (run_dir / "clients.csv").read_text(),
+        timeline.read_text() if timeline.is_file() else None,
+    )
 
 
 def interrupt(cmd: list[str], run_dir: Path, delay: float, sig: int) -> tuple[int, bool]:

@@ -490,3 +490,39 @@ def test_strategies_lists_the_fields_each_strategy_reads() -> None:
     rows = {line.split("│")[1].strip(): line for line in res.output.splitlines() if "│" in line}
     assert "strategy.mu" in rows["fedprox"] and "strategy.mu" not in rows["fedavg"]
     assert "strategy.buffer_size" in rows["fedbuff"]
+
+
+def test_progress_bars_show_the_headline_and_the_time_left() -> None:
+    """A run's bar: virtual time, server steps and its headline (the federated loss where the
+    clients' losses are measured, as in Fraboni et al.'s presets); a grid's bar: cells done,
+    running, failed and the time left from the finished cells' pace."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from fedclock.cli import _Bar, _Eta, _GridBar, _progress, headline_column
+    from fedclock.config import load_config
+
+    assert headline_column({"test_accuracy": 0.5, "federated_loss": 0.7}) == (
+        "federated_loss", "loss")  # fmt: skip
+    assert headline_column({"test_accuracy": 0.5})[0] == "test_accuracy"
+    cfg = load_config(raw=tiny_raw())
+    with _progress(Console(quiet=True), quiet=False) as progress:
+        bar = _Bar(progress, cfg, "fedavg")
+        sim = SimpleNamespace(now=12.5, stop_reason="done", counters=SimpleNamespace(
+            aggregations=3, updates_used=9),
+            history=[{"test_accuracy": 0.61, "federated_loss": 1.2345678}])  # fmt: skip
+        bar(sim)
+        assert progress.tasks[0].fields["status"] == "t=12.5s  agg=3  loss=1.235"
+        grid = _GridBar(progress, 4)
+        grid.start()
+        grid.eta._t0 = grid.eta._t0 - 30.0  # (as if the first cell had taken 30 s)
+        grid.result(SimpleNamespace(summary={"status": "completed"}))
+        grid.start()
+        status = progress.tasks[1].fields["status"]
+        assert status.startswith("done 1 · running 1 · failed 0 · ~1m") and "left" in status
+        grid.result(None)  # a reused cell is no work: 2 left, not 3
+        assert "· reused 1 · ~1m0" in progress.tasks[1].fields["status"]
+    eta = _Eta(None)
+    eta.started()
+    assert eta.left(1) == ""  # (no total, no estimate)

@@ -174,7 +174,8 @@ def test_run_report_with_exits_has_cis_and_per_exit_curves_and_no_timeline(tmp_p
     assert {t["yaxis"] for t in per_exit["data"]} == {"y", "y2", "y3"}
     assert "Device timeline" not in page and "cis_accuracy" in page
     (run / TIMELINE_FILE).write_text("task\n")  # the section appears only with the file
-    assert "Device timeline" in build_report(run)
+    page = build_report(run)
+    assert "Device timeline" in page and "is not a fedclock device timeline" in page
 
 
 def test_sweep_report_plots_the_metric_against_the_swept_value(tmp_path: Path) -> None:
@@ -292,14 +293,35 @@ def test_compare_writes_its_report(real_compare: Path) -> None:
         and "strategy.t_max" not in page.split("Config")[0]
     )
     specs = _figures(page)
-    names = {t["name"] for s in specs for t in s["data"] if t.get("name")}
+    curves = [s for s in specs if "barmode" not in s["layout"]]
+    names = {t["name"] for s in curves for t in s["data"] if t.get("name")}
     assert names == {"fedavg (mean of 2 seeds)", "drop-stragglers (mean of 2 seeds)"}
+    # a device timeline per cell, of its first seed; drop-stragglers discards late updates
+    timelines = page.split(">Device timelines<", 1)[1]
+    assert (
+        "<h3>fedavg · seed-1</h3>" in timelines and "<h3>drop-stragglers · seed-1</h3>" in timelines
+    )
+    groups = [{t.get("legendgroup") for t in s["data"]} for s in specs if s not in curves]
+    assert len(groups) == 2 and "discarded" in groups[1] and "discarded" not in groups[0]
     # `fedclock report` writes the same page again from the folder, re-running nothing
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*.csv")}
     res = runner.invoke(app, ["report", str(out), str(out / "runs" / "fedavg" / "seed-1")])
     assert res.exit_code == 0, res.output
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.csv")} == before
     assert (out / "runs" / "fedavg" / "seed-1" / REPORT_FILE).is_file()
+
+
+def test_the_timeline_window_is_chosen_on_the_command_line(real_compare: Path) -> None:
+    run = real_compare / "cmp" / "runs" / "drop-stragglers" / "seed-2"
+    res = runner.invoke(app, ["report", str(run), "--timeline-window", "1:3"])
+    assert res.exit_code == 0, res.output
+    (tl,) = [s for s in _figures((run / REPORT_FILE).read_text()) if "barmode" in s["layout"]]
+    assert tl["layout"]["xaxis"]["range"] == [1.0, 3.0]
+    bars = [t for t in tl["data"] if t["type"] == "bar"]
+    downloads = [b for t in bars if t["marker"]["opacity"] == 0.35 for b in t["base"]]
+    assert downloads and max(downloads) < 3.0  # each task dispatched before the end
+    res = runner.invoke(app, ["report", str(run), "--timeline-window", "3:1"])
+    assert res.exit_code == 2 and "is not START:END" in res.output
 
 
 def test_run_writes_its_report(real_compare: Path) -> None:
@@ -348,13 +370,23 @@ def test_reports_render_in_headless_chromium(real_compare: Path, tmp_path: Path,
         n = int(attrs["data-figures"])
         assert n >= 2 and attrs["data-errors"] == "0" and attrs["data-rendered"] == str(n)
         assert dump.stdout.count('class="main-svg"') >= n  # (plotly's own svg, per figure)
+        # the device timelines (one per cell): one drawn row per client shown
+        tags = re.findall(r"<div [^>]*data-timeline-clients[^>]*>", dump.stdout)
+        assert len(tags) == (2 if page == "cmp" else 1)
+        for tag in tags:
+            shown = re.search(r'data-timeline-clients="(\d+)"', tag)
+            rows = re.search(r'data-rows-drawn="(\d+)"', tag)
+            assert shown and rows and int(rows.group(1)) == int(shown.group(1)) > 0, tag
     assert shot.is_file() and shot.stat().st_size > 10_000
 
 
 def test_a_report_of_8_cells_by_3_seeds_takes_under_5_seconds(tmp_path: Path) -> None:
-    """Reading 24 runs of 300 evaluations each and writing the page re-runs nothing and is
-    quick (the acceptance bound is 5 s; here it is about half a second)."""
+    """Reading 24 runs of 300 evaluations each, and each cell's full-size device timeline
+    (the bound: 10,000 tasks), and writing the page re-runs nothing and is quick (the
+    acceptance bound is 5 s; here it is about 2 s)."""
     import time
+
+    from fedclock.metrics.timeline import MAX_TASKS, TimelineRecorder
 
     out = tmp_path / "grid"
     rows = []
@@ -363,6 +395,12 @@ def test_a_report_of_8_cells_by_3_seeds_takes_under_5_seconds(tmp_path: Path) ->
         for seed in (1, 2, 3):
             acc = [min(0.95, 0.1 + 0.003 * k * (1 + 0.1 * i)) for k in range(300)]
             _run(out / "runs" / name / f"seed-{seed}", strategy=name, seed=seed, acc=acc)
+        rec = TimelineRecorder()  # 40 clients, a task each per second, all used
+        rec.rows = [[k % 40, float(k // 40), 0.1, 0.6, 0.1, k // 40 + 0.8, 0, k // 40, 0.0,
+                     k // 40 + 0.8, 0, 5] for k in range(MAX_TASKS)]  # fmt: skip
+        rec.labels = ["full-model"]
+        rec.aggregations = [(k + 0.8, k + 1) for k in range(MAX_TASKS // 40)]
+        rec.write(out / "runs" / name / "seed-1", 300.0, 12_000, 300)
         rows.append({"strategy": name, "final_test_accuracy_mean": 0.9,
                      "final_test_accuracy_std": 0.01, "n_seeds": 3})  # fmt: skip
     _table(out, rows)
@@ -372,6 +410,7 @@ def test_a_report_of_8_cells_by_3_seeds_takes_under_5_seconds(tmp_path: Path) ->
     page = path.read_text()
     # a mean line per strategy in each of 4 panels (accuracy and loss, by time and by steps)
     assert page.count("(mean of 3 seeds)") == 4 * 8 and path.stat().st_size < MAX_BYTES
+    assert page.count("data-timeline-clients=") == 8 and "the first 10000 of 12000 tasks" in page
 
 
 def test_sweep_writes_its_report(tmp_path: Path) -> None:
@@ -382,8 +421,13 @@ def test_sweep_writes_its_report(tmp_path: Path) -> None:
                               "--strategies", "drop-stragglers", "--out", str(out), "-q"])  # fmt: skip
     assert res.exit_code == 0, res.output
     page = (out / REPORT_FILE).read_text()
-    (spec,) = _figures(page)
+    spec, *timelines = _figures(page)
     assert spec["data"][0]["x"] == [1.5, 3.0] and "sweep over strategy.t_max" in page
+    # a device timeline per cell (its first seed); the later deadline discards fewer updates
+    assert len(timelines) == 2 and "<h3>drop-stragglers strategy.t_max=3.0 · seed-" in page
+    cut = [sum(len(t["x"]) for t in s["data"] if t.get("legendgroup") == "discarded"
+               and t["showlegend"]) for s in timelines]  # fmt: skip
+    assert cut[0] > cut[1]
 
 
 def test_a_learning_rate_grid_shows_each_strategys_selected_rate(tmp_path: Path) -> None:

@@ -70,6 +70,15 @@ BatchRunsOpt = Annotated[
         "executor (bit-identical there), else 1; give N to batch other models too.",
     ),
 ]
+TensorBoardOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--tensorboard",
+        metavar="DIR",
+        help="Also write every evaluation's metrics as TensorBoard scalars under DIR, one "
+        "TensorBoard run per run folder (needs the tensorboard package).",
+    ),
+]
 AddressOpt = Annotated[
     str | None, typer.Option("--address", help="The Ray cluster to use, e.g. ray://head:10001.")
 ]
@@ -241,16 +250,27 @@ class _Bar:
         done = {"time": sim.now, "aggregations": ctr.aggregations, "updates": ctr.updates_used}[
             self.unit
         ]
-        # the run's headline metric: routed CIS accuracy where there is one (early exits on a
-        # cis tree), else the (last exit's) test accuracy
         last = sim.history[-1] if sim.history else {}
-        key, name = ("cis_accuracy", "cis") if "cis_accuracy" in last else ("test_accuracy", "acc")
-        acc = last.get(key, float("nan"))
+        key, name = headline_column(last)
+        value = last.get(key, float("nan"))
+        shown = f"{value:.4g}" if name == "loss" else f"{value:.3f}"
         self.progress.update(
             self.task,
             completed=min(done, self.total),
-            status=f"t={sim.now:,.1f}s  agg={ctr.aggregations}  {name}={acc:.3f}",
+            status=f"t={sim.now:,.1f}s  agg={ctr.aggregations}  {name}={shown}",
         )
+
+
+def headline_column(row: dict[str, Any]) -> tuple[str, str]:
+    """The metrics.csv column a run's progress bar shows, and its short name: the routed CIS
+    accuracy where there is one (early exits on a CIS tree), the federated loss where the
+    clients' losses are measured (Fraboni et al.'s presets: their headline is a loss),
+    else the (last exit's) test accuracy."""
+    if "cis_accuracy" in row:
+        return "cis_accuracy", "cis"
+    if "federated_loss" in row:
+        return "federated_loss", "loss"
+    return "test_accuracy", "acc"
 
 
 def _progress(console: Console, quiet: bool) -> Progress:
@@ -327,6 +347,7 @@ def run(
             "config; the result equals an uninterrupted run's).",
         ),
     ] = None,
+    tensorboard: TensorBoardOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -358,7 +379,7 @@ def run(
         else:
             cfg = _load(config, preset, set_, data_dir, console=console)
             _fresh_run_dir(out, cfg)
-        with _progress(console, quiet) as progress:
+        with _tensorboard(tensorboard, None), _progress(console, quiet) as progress:
             result = run_experiment(
                 cfg,
                 run_dir=out,
@@ -467,20 +488,99 @@ def _lr_rates(lr_grid: str | None, no_lr_grid: bool, cfg: Any, console: Console)
     return rates
 
 
+@contextmanager
+def _tensorboard(root: Path | None, out_dir: Path | None) -> Iterator[None]:
+    """--tensorboard: every run of this command (and of its workers) writes its scalars
+    (fedclock.metrics.tensorboard); one sentence if the package is missing."""
+    if root is None:
+        yield
+        return
+    from fedclock.metrics.tensorboard import disable, enable
+
+    enable(root, out_dir)
+    try:
+        yield
+    finally:
+        disable()
+
+
+def _tensorboard_missing(root: Path | None, out_dir: Path) -> None:
+    """--tensorboard after a comparison or sweep: the scalars of the cells this command did
+    not run (reused from an earlier one, or run by Ray elsewhere), from their metrics.csv."""
+    if root is not None:
+        from fedclock.metrics.tensorboard import export_missing
+
+        export_missing(p.parent for p in sorted((out_dir / "runs").rglob("metrics.csv")))
+
+
 def _out_dir(out: Path | None, cfg: Any, command: str) -> Path:
     """--out, else ``<output_dir>/<command>-<name>``."""
     return out or Path(cfg.output_dir) / f"{command}-{cfg.name}"
 
 
-def _grid_notes(progress: Progress, cfg: Any, out_dir: Path) -> dict[str, Any]:
+def _grid_notes(
+    progress: Progress, cfg: Any, out_dir: Path, runner: Any, total: int | None
+) -> dict[str, Any]:
     """The callbacks of ``run_compare`` / ``run_sweep``: a progress bar per cell, and a note
-    for each reused, re-run and merged cell."""
+    for each reused, re-run and merged cell. Cells run one after another (no ``runner``)
+    also get a bar over them all (``total`` cells, if known: cells done, running, failed
+    and the time left); a runner has its own (:func:`_runner`)."""
+    grid = _GridBar(progress, total) if runner is None else None
+
+    def bar(label: str) -> _Bar:
+        if grid is not None:
+            grid.start()
+        return _Bar(progress, cfg, label)
+
+    def result(s: str, seed: int, r: Any) -> None:
+        _note_reuse(progress, s, seed, r)
+        if grid is not None:
+            grid.result(r)
+
     return {
-        "progress_factory": lambda label: _Bar(progress, cfg, label),
-        "on_result": lambda s, seed, r: _note_reuse(progress, s, seed, r),
+        "progress_factory": bar,
+        "on_result": result,
         "on_merged": lambda e: _note_merged(progress, out_dir, e),
         "on_rerun": lambda c, seed, why: _note_rerun(progress, c, seed, why),
     }
+
+
+class _GridBar:
+    """The bar over a grid's cells run one after another: done / running / failed (a cell
+    that did not complete) and the time left from the finished ones; reused cells are not
+    counted as work."""
+
+    def __init__(self, progress: Progress, total: int | None) -> None:
+        self.progress, self.total = progress, total
+        self.task = progress.add_task("cells (one at a time)", total=total, status="")
+        self.eta = _Eta(total)
+        self.done = self.failed = self.reused = self.running = 0
+
+    def start(self) -> None:
+        self.eta.started()
+        self.running = 1
+        self._show()
+
+    def result(self, r: Any) -> None:
+        if r is None:
+            self.reused += 1
+            if self.eta.total is not None:
+                self.eta.total -= 1
+        elif r.summary.get("status") == "completed":
+            self.done += 1
+        else:
+            self.failed += 1
+        self.running = 0
+        self._show()
+
+    def _show(self) -> None:
+        finished = self.done + self.failed
+        reused = f" · reused {self.reused}" if self.reused else ""
+        self.progress.update(
+            self.task, completed=finished + self.reused,
+            status=f"done {self.done} · running {self.running} · failed {self.failed}{reused}"
+            + self.eta.left(finished),
+        )  # fmt: skip
 
 
 def _runner(
@@ -504,6 +604,7 @@ def _runner(
         return None
     counts = {"start": 0, "done": 0, "failed": 0, "retry": 0}
     where = f"{backend}, {jobs or 'all'} at a time" if backend == "local" else backend
+    eta = _Eta()
 
     def describe(size: str) -> str:  # groups of runs in lockstep (here when jobs is 1)
         if backend == "local" and jobs is None:  # a group per core (one group: here)
@@ -518,6 +619,7 @@ def _runner(
 
     def on_event(kind: str, label: str, detail: Any) -> None:
         if kind == "plan":
+            eta.total = detail
             progress.update(task, total=detail)
             return
         if kind == "groups":  # the groups' actual sizes: e.g. 51 cells on 2 cores, 6–7
@@ -531,12 +633,46 @@ def _runner(
             progress.console.print(f"[red]failed[/] {label}: {detail}")
         finished = counts["done"] + counts["failed"]
         running = counts["start"] - finished - counts["retry"]
+        if kind == "start" and counts["start"] == 1:
+            eta.started()
         progress.update(
-            task, completed=counts["done"],
-            status=f"running {running} · done {counts['done']} · failed {counts['failed']}",
+            task, completed=finished,
+            status=f"done {counts['done']} · running {running} · failed {counts['failed']}"
+            + eta.left(finished),
         )  # fmt: skip
 
     return CellRunner(backend, jobs, address=address, on_event=on_event, batch_runs=batch_runs)
+
+
+class _Eta:
+    """Time left in a grid of cells, estimated from the finished ones: the wall time since
+    the first cell started per finished cell (so cells running side by side count as the
+    throughput they give), times the cells left."""
+
+    def __init__(self, total: int | None = None) -> None:
+        self.total = total
+        self._t0: float | None = None
+
+    def started(self) -> None:
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+
+    def left(self, finished: int) -> str:
+        if self._t0 is None or not finished or self.total is None:
+            return ""
+        rest = max(self.total - finished, 0)
+        if not rest:
+            return ""
+        s = (time.perf_counter() - self._t0) / finished * rest
+        return f" · ~{_duration(s)} left"
+
+
+def _duration(s: float) -> str:
+    if s < 60:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{s // 60:.0f}m{s % 60:02.0f}s"
+    return f"{s // 3600:.0f}h{s % 3600 // 60:02.0f}m"
 
 
 def _write_report(console: Console, folder: Path, seeds: list[int] | None = None) -> Path | None:
@@ -687,6 +823,7 @@ def compare(
     jobs: JobsOpt = None,
     batch_runs: BatchRunsOpt = None,
     address: AddressOpt = None,
+    tensorboard: TensorBoardOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -706,13 +843,15 @@ def compare(
         rates = _lr_rates(lr_grid, no_lr_grid, cfg, console)
         seed_list = _seed_list(seeds, cfg)
         out_dir = _out_dir(out, cfg, "compare")
-        with _progress(console, quiet) as progress:
+        with _tensorboard(tensorboard, out_dir), _progress(console, quiet) as progress:
+            runner = _runner(progress, backend, jobs, address, batch_runs, cfg)
+            cells = len(names) * len(seed_list) * max(1, len(rates or []))
             rows, error = run_compare(
                 cfg, names, seed_list, out_dir, lr_grid=rates,
                 lr_tune_on=(lr_tune_on or cfg.compare.lr_tune_on) if rates else None,
-                runner=_runner(progress, backend, jobs, address, batch_runs, cfg),
-                **_grid_notes(progress, cfg, out_dir),
+                runner=runner, **_grid_notes(progress, cfg, out_dir, runner, cells),
             )  # fmt: skip
+            _tensorboard_missing(tensorboard, out_dir)
     table = _compare_table(cfg, rows, names, seed_list, out_dir)
     _finish_grid(console, table, out_dir, rows, error, json_out, seed_list)
 
@@ -737,6 +876,7 @@ def sweep(
     jobs: JobsOpt = None,
     batch_runs: BatchRunsOpt = None,
     address: AddressOpt = None,
+    tensorboard: TensorBoardOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -760,7 +900,8 @@ def sweep(
         names = _strategy_entries(strategies, cfg, [cfg.strategy.name])
         seed_list = _seed_list(seeds, cfg)
         out_dir = _out_dir(out, cfg, "sweep")
-        with _progress(console, quiet) as progress:
+        with _tensorboard(tensorboard, out_dir), _progress(console, quiet) as progress:
+            runner = _runner(progress, backend, jobs, address, batch_runs, cfg)
             rows, error = run_sweep(
                 cfg,
                 path,
@@ -768,9 +909,12 @@ def sweep(
                 names,
                 seed_list,
                 out_dir,
-                runner=_runner(progress, backend, jobs, address, batch_runs, cfg),
-                **_grid_notes(progress, cfg, out_dir),
+                runner=runner,
+                # (the count of cells is not known here: an entry that does not read the
+                # swept field runs at one value only)
+                **_grid_notes(progress, cfg, out_dir, runner, None),
             )
+            _tensorboard_missing(tensorboard, out_dir)
     metric = headline_metric(rows)
     table = Table(title=f"{cfg.name}: {metric} over {path} ({len(seed_list)} seed(s))")
     table.add_column("strategy", no_wrap=True)
@@ -962,10 +1106,10 @@ def tour(
             out_dir = out / step.folder
             console.rule(f"[bold]{step.title}[/]  (fedclock compare --preset {step.preset})")
             with _progress(console, quiet) as progress:
+                runner = _runner(progress, "local", jobs, None, batch_runs, cfg)
                 rows, error = run_compare(
-                    cfg, names, seed_list, out_dir,
-                    runner=_runner(progress, "local", jobs, None, batch_runs, cfg),
-                    **_grid_notes(progress, cfg, out_dir),
+                    cfg, names, seed_list, out_dir, runner=runner,
+                    **_grid_notes(progress, cfg, out_dir, runner, len(names) * len(seed_list)),
                 )  # fmt: skip
             console.print(_compare_table(cfg, rows, names, seed_list, out_dir))
             if error:
@@ -999,14 +1143,25 @@ def report(
         list[Path],
         typer.Argument(help="Run, comparison, sweep or tour folders (each gets its report.html)."),
     ],
+    timeline_window: Annotated[
+        str | None,
+        typer.Option(
+            "--timeline-window",
+            metavar="START:END",
+            help="The device timelines' window in virtual seconds, e.g. 100:160 "
+            "(default: from 0, as many tasks as the page draws).",
+        ),
+    ] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Write report.html into each folder from what is there (nothing is re-run): one
-    self-contained page that opens offline, with the table, the config and the curves."""
+    self-contained page that opens offline, with the table, the config, the curves and the
+    device timelines."""
     from fedclock.report import write_report
 
     console = _console(False, quiet)
     with _user_errors():
+        window = None if timeline_window is None else _window(timeline_window)
         for folder in folders:
             if not folder.is_dir():
                 from fedclock.errors import DataError
@@ -1014,8 +1169,24 @@ def report(
                 raise DataError(
                     f"{folder} is not a folder; give a run, comparison or sweep folder."
                 )
-            path = write_report(folder)
+            path = write_report(folder, window=window)
             console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+
+
+def _window(text: str) -> tuple[float, float]:
+    """``START:END`` in virtual seconds; one sentence if it is not that."""
+    from fedclock.errors import ConfigError
+
+    try:
+        lo, hi = (float(x) for x in text.split(":"))
+    except ValueError:
+        lo = hi = math.nan
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
+        raise ConfigError(
+            f"--timeline-window {text!r} is not START:END in virtual seconds with "
+            "0 <= START < END (e.g. 100:160)."
+        )
+    return lo, hi
 
 
 @app.command()

@@ -37,6 +37,8 @@ from fedclock.metrics.recorder import (
     source_digest,
     summarize,
 )
+from fedclock.metrics.tensorboard import TensorBoardWriter, log_dir_for
+from fedclock.metrics.timeline import TimelineRecorder
 from fedclock.models import build_model, layer_view, param_bytes
 from fedclock.rng import torch_seed
 from fedclock.sim.checkpoint import (
@@ -466,6 +468,9 @@ def run_experiment(
         else:
             recorder.note_resume(argv)
         checkpointer = _checkpointer(cfg, run_dir / CHECKPOINT_FILE, header)
+        timeline = TimelineRecorder()
+        tb_dir = log_dir_for(run_dir)
+        tensorboard = None if tb_dir is None else TensorBoardWriter(tb_dir)
         guard = _guard(cfg)
         b, ev = cfg.budget, cfg.eval
         sim = Simulator(
@@ -475,7 +480,8 @@ def run_experiment(
                           updates=b.updates),
             observers=[
                 EvaluationSchedule(ev.every_aggregations, ev.every_virtual_seconds),
-                *parts.metrics, recorder,
+                *parts.metrics, recorder, timeline,
+                *([] if tensorboard is None else [tensorboard]),
                 DivergenceCheck(ev.divergence_factor, guarded=guard is not None and guard.checks),
                 *([] if progress is None else [Progress(progress)]),
                 *([] if checkpointer is None else [checkpointer]),
@@ -486,19 +492,25 @@ def run_experiment(
             sim.execute = lockstep[0].execute(lockstep[1], parts.executor)
         if resumed is not None:
             restore(sim, resumed["state"])
+            if tensorboard is not None:
+                tensorboard.replay(sim.history)
     if lockstep is not None:
         if checkpointer is not None:
             lockstep[0].on_interrupt(lockstep[1], checkpointer.interrupt)
         lockstep[0].built(lockstep[1])
-    summary, error = _run(sim, cfg, recorder, run_dir, wall0, checkpointer, parts)
+    try:
+        summary, error = _run(sim, cfg, recorder, run_dir, wall0, checkpointer, parts, timeline)
+    finally:
+        if tensorboard is not None:
+            tensorboard.close()
     return RunResult(run_dir=run_dir, summary=summary, history=sim.history, error=error)
 
 
 def _run(
     sim: Simulator, cfg: ExperimentConfig, recorder: RunRecorder, run_dir: Path, wall0: float,
-    checkpointer: Checkpointer | None, parts: _Parts,
+    checkpointer: Checkpointer | None, parts: _Parts, timeline: TimelineRecorder,
 ) -> tuple[dict[str, Any], str | None]:  # fmt: skip
-    """Run ``sim`` and complete the run folder: summary.json, clients.csv."""
+    """Run ``sim`` and complete the run folder: summary.json, clients.csv, timeline.csv."""
     # Ctrl-C stops the loop at the next event (after a checkpoint); once the loop is over it
     # is ignored until the run folder is complete
     with stop_on_sigint(checkpointer):
@@ -516,6 +528,7 @@ def _run(
             summary["validations"] = v.validations
         losses = None if parts.client_losses is None else parts.client_losses.last
         recorder.write_summary(summary)
+        timeline.write(run_dir, sim.now, sim.tasks_dispatched, sim.counters.aggregations)
         recorder.write_clients(client_table(
             sim, parts.strategy, parts.population, parts.importance, parts.sizes, losses
         ))  # fmt: skip

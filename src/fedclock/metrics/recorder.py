@@ -177,7 +177,7 @@ class RunRecorder:
         self.run_dir = run_dir
         self.columns = (*METRIC_COLUMNS, *extra_columns)
         run_dir.mkdir(parents=True, exist_ok=True)
-        stale_files = ["summary.json", "clients.csv"]
+        stale_files = ["summary.json", "clients.csv", "timeline.csv"]
         if resume_rows is None:
             stale_files.append("metrics.csv")
         for stale in stale_files:

@@ -12,10 +12,10 @@ gzip-compressed and base64-encoded inline, about 2 MB, unpacked by the browser's
 ``DecompressionStream``) and every style are inline, the data is one JSON block. See
 docs/report.md for why.
 
-The device timeline (who computed, waited, was cut at the deadline or arrived stale) needs
-the simulator to record its tasks; that recorder comes with the simulator's observer
-protocol (issue 31). Until a run folder holds :data:`TIMELINE_FILE` the report has no
-timeline section (:func:`timeline_section`).
+The device timeline (who computed, waited, was cut at the deadline or arrived stale) is drawn
+from each run's :data:`TIMELINE_FILE` (:mod:`fedclock.metrics.timeline` records it,
+:mod:`fedclock.report.timeline` draws it): a run's page shows its run's; a comparison's and
+a sweep's show one per cell, of the cell's first seed.
 """
 
 from __future__ import annotations
@@ -35,12 +35,10 @@ from typing import Any
 import numpy as np
 
 from fedclock.errors import DataError
+from fedclock.metrics.timeline import TIMELINE_FILE
 from fedclock.outputs import HTML_GENERATOR, check_writable
 
 REPORT_FILE = "report.html"
-#: the device timeline's file in a run folder: written by the timeline recorder, which comes
-#: with the simulator's observer protocol (issue 31); no run writes it yet
-TIMELINE_FILE = "timeline.csv"
 #: what a tour (``fedclock tour``) records in its folder: its steps and their conclusions
 TOUR_FILE = "tour.json"
 
@@ -213,7 +211,9 @@ class _Figures:
     def __init__(self) -> None:
         self.specs: list[dict[str, Any]] = []
 
-    def add(self, data: list[dict[str, Any]], layout: dict[str, Any], height: int = 360) -> str:
+    def add(
+        self, data: list[dict[str, Any]], layout: dict[str, Any], height: int = 360, attrs: str = ""
+    ) -> str:
         fid = f"fig{len(self.specs)}"
         base = {
             "height": height,
@@ -223,7 +223,7 @@ class _Figures:
             "template": None,
         }
         self.specs.append({"id": fid, "data": data, "layout": {**base, **layout}})
-        return f'<div class="fig" id="{fid}" data-fig="{fid}"></div>'
+        return f'<div class="fig" id="{fid}" data-fig="{fid}"{attrs}></div>'
 
 
 def _clean(a: np.ndarray) -> list[float | None]:
@@ -360,20 +360,53 @@ def _curve_sections(
 
 
 # ----------------------------------------------------------------------------- sections
-def timeline_section(run_dir: Path) -> tuple[str, str] | None:
-    """The device timeline of one run: each task from dispatch to arrival, by outcome.
+def timeline_section(
+    run_dir: Path,
+    figs: _Figures,
+    *,
+    window: tuple[float, float] | None = None,
+    max_bars: int | None = None,
+) -> str | None:
+    """The device timeline of one run (:mod:`fedclock.report.timeline`) as HTML: its figure
+    and caption; None when the run folder has no :data:`TIMELINE_FILE`."""
+    from fedclock.metrics.timeline import read_timeline
+    from fedclock.report import timeline as draw
 
-    Its data is the run's :data:`TIMELINE_FILE`, written by the timeline recorder that comes
-    with the simulator's observer protocol (issue 31). No run writes it yet, so no report has
-    this section; it is never drawn from anything but that file.
-    """
-    if not (run_dir / TIMELINE_FILE).is_file():
+    path = run_dir / TIMELINE_FILE
+    if not path.is_file():
         return None
-    return (
-        "Device timeline",
-        f"<p>{_esc(run_dir / TIMELINE_FILE)} is there, but this fedclock cannot draw it yet "
-        "(the timeline recorder and its drawing come with the simulator's observer protocol).</p>",
+    try:
+        tl = read_timeline(path)
+    except (OSError, ValueError) as exc:
+        return f"<p class=figerr>{_esc(exc)}</p>"
+    if not len(tl):
+        return "<p class=note>No task was dispatched in this run.</p>"
+    data, layout, height, clients, win, drawn = draw.figure(
+        tl, window=window, max_bars=draw.MAX_BARS if max_bars is None else max_bars
     )
+    if not clients:
+        return f"<p class=note>No task in the window [{win[0]:.4g}, {win[1]:.4g}] s.</p>"
+    attrs = f' data-timeline-clients="{len(clients)}" style="min-height:{height}px"'
+    fig = figs.add(data, layout, height, attrs)
+    return fig + draw.caption(tl, clients, win, drawn)
+
+
+def _timelines(
+    cells: list[tuple[str, Path]], figs: _Figures, window: tuple[float, float] | None
+) -> tuple[str, str] | None:
+    """One timeline per cell (``(label, its first seed's run folder)``): the section."""
+    from fedclock.report.timeline import MAX_BARS
+
+    # a page with many cells draws fewer bars per cell (≈ 6,000 in all)
+    max_bars = max(200, min(MAX_BARS, 6000 // max(1, len(cells))))
+    parts = []
+    for label, run_dir in cells:
+        body = timeline_section(run_dir, figs, window=window, max_bars=max_bars)
+        if body is not None:
+            parts.append(f"<h3>{_esc(label)} · {_esc(run_dir.name)}</h3>{body}")
+    if not parts:
+        return None
+    return ("Device timelines", "<p>Each cell's first seed.</p>" + "".join(parts))
 
 
 def _headline_rows(rows: list[dict[str, Any]]) -> str:
@@ -476,7 +509,9 @@ def _config_block(text: str, summary: str = "Full config (config.yaml)") -> str:
 
 
 # ----------------------------------------------------------------------------- pages
-def _run_page(folder: Path, figs: _Figures) -> tuple[str, list[tuple[str, str]]]:
+def _run_page(
+    folder: Path, figs: _Figures, window: tuple[float, float] | None = None
+) -> tuple[str, list[tuple[str, str]]]:
     run = _Run(folder)
     s = run.summary
     title = f"{s.get('name', folder.name)} · {s.get('strategy', '?')} · seed {s.get('seed', '?')}"
@@ -487,9 +522,9 @@ def _run_page(folder: Path, figs: _Figures) -> tuple[str, list[tuple[str, str]]]
     body = [[_esc(k), _num(s.get(k))] for k in keys if k in s]
     sections = [("Summary", _table(["metric", "value"], body, "num"))]
     sections += _curve_sections(figs, {str(s.get("strategy", folder.name)): [run.metrics]})
-    tl = timeline_section(folder)
+    tl = timeline_section(folder, figs, window=window)
     if tl:
-        sections.append(tl)
+        sections.append(("Device timeline", tl))
     sections.append(("Config", _config_block(run.config_text) if run.config_text else "<p>—</p>"))
     return title, sections
 
@@ -547,8 +582,9 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _compare_page(
-    folder: Path, figs: _Figures, seeds: Sequence[int] | None
-) -> tuple[str, list[tuple[str, str]]]:
+    folder: Path, figs: _Figures, seeds: Sequence[int] | None,
+    window: tuple[float, float] | None = None,
+) -> tuple[str, list[tuple[str, str]]]:  # fmt: skip
     rows = _read_table(folder)
     groups = _cell_groups(folder, rows, seeds)
     first = next(iter(groups.values()), [])
@@ -562,13 +598,18 @@ def _compare_page(
     diffs = paired_differences({k: [r.summary for r in v] for k, v in groups.items()})
     sections = [("Results", head + _paired_html(diffs))]
     sections += _curve_sections(figs, {k: [r.metrics for r in v] for k, v in groups.items()})
+    tl = _timelines([(k, v[0].folder) for k, v in groups.items() if v], figs, window)
+    if tl:
+        sections.append(tl)
     if groups:
         cells = {k: v[0] for k, v in groups.items()}
         sections.append(("Config", _config_diff(cells) + _config_block(first[0].config_text)))
     return title, sections
 
 
-def _sweep_page(folder: Path, figs: _Figures) -> tuple[str, list[tuple[str, str]]]:
+def _sweep_page(
+    folder: Path, figs: _Figures, window: tuple[float, float] | None = None
+) -> tuple[str, list[tuple[str, str]]]:
     from fedclock.runs.tables import headline_metric
 
     rows = _read_table(folder)
@@ -604,6 +645,14 @@ def _sweep_page(folder: Path, figs: _Figures) -> tuple[str, list[tuple[str, str]
     if n > 1:
         results += _sweep_pairs(folder, path, values, metric)
     sections = [("Results", results), (f"{metric} against {path}", fig)]
+    cells = []
+    for cell in sorted(p for p in (folder / "runs").glob("*/*") if p.is_dir()):
+        runs = _seed_runs(cell, None)
+        if runs:
+            cells.append((f"{cell.parent.name} {cell.name}", runs[0].folder))
+    tl = _timelines(cells, figs, window)
+    if tl:
+        sections.append(tl)
     if first is not None:
         run = _Run(first.parent)
         name = run.summary.get("name", name)
@@ -717,7 +766,8 @@ var errors=[];window.addEventListener('error',function(e){errors.push(String(e.m
 document.body.setAttribute('data-errors',errors.length);});
 var specs=JSON.parse(document.getElementById('fedclock-figures').textContent);var done=0;
 function drawn(el){return el.querySelector('.main-svg')&&el.querySelectorAll('.scatterlayer .trace,.barlayer .trace').length>0;}
-function finish(){done+=1;if(done===specs.length){var n=0;specs.forEach(function(s){if(drawn(document.getElementById(s.id)))n+=1;});
+function finish(){done+=1;if(done===specs.length){var n=0;specs.forEach(function(s){var el=document.getElementById(s.id);if(drawn(el))n+=1;
+if(el.hasAttribute('data-timeline-clients'))el.setAttribute('data-rows-drawn',el.querySelectorAll('.yaxislayer-above .ytick').length);});
 document.body.setAttribute('data-rendered',String(n));}}
 document.body.setAttribute('data-figures',specs.length);document.body.setAttribute('data-errors',0);
 if(!specs.length){document.body.setAttribute('data-rendered','0');}
@@ -754,18 +804,25 @@ def _plotly_js_packed() -> str:
     return base64.b64encode(packed).decode("ascii")
 
 
-def build_report(folder: Path, *, seeds: Sequence[int] | None = None) -> str:
-    """The HTML of ``folder``'s report (a run, comparison, sweep or tour folder)."""
+def build_report(
+    folder: Path,
+    *,
+    seeds: Sequence[int] | None = None,
+    window: tuple[float, float] | None = None,
+) -> str:
+    """The HTML of ``folder``'s report (a run, comparison, sweep or tour folder);
+    ``window``: the device timelines' virtual-time window (default: from 0, see
+    :mod:`fedclock.report.timeline`)."""
     from fedclock import __version__
 
     kind = folder_kind(folder)
     figs = _Figures()
     if kind == "run":
-        title, sections = _run_page(folder, figs)
+        title, sections = _run_page(folder, figs, window)
     elif kind == "compare":
-        title, sections = _compare_page(folder, figs, seeds)
+        title, sections = _compare_page(folder, figs, seeds, window)
     elif kind == "sweep":
-        title, sections = _sweep_page(folder, figs)
+        title, sections = _sweep_page(folder, figs, window)
     else:
         title, sections = _tour_page(folder)
     nav = "".join(f'<a href="#s{i}">{_esc(t)}</a>' for i, (t, _) in enumerate(sections))
@@ -790,11 +847,16 @@ def build_report(folder: Path, *, seeds: Sequence[int] | None = None) -> str:
     )
 
 
-def write_report(folder: Path, *, seeds: Sequence[int] | None = None) -> Path:
+def write_report(
+    folder: Path,
+    *,
+    seeds: Sequence[int] | None = None,
+    window: tuple[float, float] | None = None,
+) -> Path:
     """Write ``folder/report.html`` (never over a file fedclock did not make); its path."""
     out = folder / REPORT_FILE
     check_writable([out])
-    text = build_report(folder, seeds=seeds)
+    text = build_report(folder, seeds=seeds, window=window)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(out)

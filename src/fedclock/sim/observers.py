@@ -7,6 +7,10 @@ order, each one's hooks that it defines:
 - ``on_start(sim)``: before the strategy's start (not on a resumed run);
 - ``on_dispatch(sim, task)``: a task was dispatched;
 - ``on_arrival(sim, contribution)``: an update arrived, before the trigger sees it;
+- ``on_cancel(sim, task)``: an in-flight task was cancelled (cut at a deadline);
+- ``on_reject(sim, contribution)``: the update guard refused an update;
+- ``on_commit(sim, contributions)``: a server step is about to aggregate ``contributions``
+  (after the guard; ``sim.model`` is still the version they are stale against);
 - ``on_aggregation(sim, version)``: a server step made ``version`` (after the counters);
 - ``on_evaluation(sim, row)``: an evaluation at ``row["virtual_time"]``; ``row`` holds the
   counters and each observer may add its columns (test metrics, exit accuracies, client
@@ -16,7 +20,9 @@ order, each one's hooks that it defines:
 
 An observer with state between events declares ``checkpoint_fields`` like any part. The
 generic ones are here; the evaluators (``train/evaluate.py``), the recorder
-(``metrics/recorder.py``) and the checkpointer (``sim/checkpoint.py``) are observers too.
+(``metrics/recorder.py``), the device timeline (``metrics/timeline.py``), the TensorBoard
+writer (``metrics/tensorboard.py``) and the checkpointer (``sim/checkpoint.py``) are
+observers too.
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ from fedclock.sim.types import ModelVersion
 Simulator = Any
 
 HOOKS = (
-    "on_start", "on_dispatch", "on_arrival", "on_aggregation", "on_evaluation", "on_event",
-    "on_end",
+    "on_start", "on_dispatch", "on_arrival", "on_cancel", "on_reject", "on_commit",
+    "on_aggregation", "on_evaluation", "on_event", "on_end",
 )  # fmt: skip
 
 

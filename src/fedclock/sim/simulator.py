@@ -363,6 +363,8 @@ class Simulator:
         self.counters.compute_s_spent += done
         self.counters.compute_s_wasted += done
         self.counters.updates_discarded += 1
+        for f in self._hooks["on_cancel"]:
+            f(self, task)
 
     def commit(self, contributions: Sequence[Contribution]) -> ModelVersion:
         guard = self.guard
@@ -381,6 +383,8 @@ class Simulator:
                     f"at aggregation {self.counters.aggregations + 1} (t = {self.now:.4g} s); "
                     "lower train.lr (or set guard.reject_nonfinite to drop such updates)."
                 )
+        for f in self._hooks["on_commit"]:
+            f(self, contributions)
         current = self.model.version
         self.model = self.strategy.aggregate(self.ctx, contributions)
         if self._on_commit is not None:
@@ -421,6 +425,8 @@ class Simulator:
             if guard.rejects(c):
                 self.counters.updates_rejected += 1
                 self.counters.compute_s_wasted += c.task.timing.compute_s
+                for f in self._hooks["on_reject"]:
+                    f(self, c)
             else:
                 kept.append(c)
         if kept:
@@ -515,6 +521,11 @@ class Simulator:
             "model": self.model,
             "wall_s": time.perf_counter() - self._wall0,
         }
+
+    @property
+    def tasks_dispatched(self) -> int:
+        """Tasks dispatched so far (task ids are 0 … this − 1, in dispatch order)."""
+        return self._next_task_id
 
     @property
     def wall_start(self) -> float:

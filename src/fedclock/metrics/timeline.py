@@ -1,0 +1,277 @@
+"""The device timeline: what every device did, one row per task, in a run's ``timeline.csv``.
+
+:class:`TimelineRecorder` is an observer (:mod:`fedclock.sim.observers`). For each task it
+keeps the client, the dispatch time, the download / compute / upload split of its
+:class:`~fedclock.devices.cost.TaskTiming`, when it ended (arrived, was cut, or the run
+ended), its outcome, its base model version, its staleness when aggregated and its work
+shape (SALF's layer suffix, Fed-RAA's fragment, a CIS exit); and the time of every server
+step. It only reads: no metric changes with it.
+
+Outcomes (:data:`OUTCOMES`), each counted like summary.json counts it:
+
+- ``used``: aggregated with staleness 0 and ``stale``: aggregated with staleness ≥ 1
+  (staleness as in summary.json: versions made since its base); together ``updates_used``;
+- ``discarded``: cancelled before it arrived — cut at the deadline (``updates_discarded``);
+- ``rejected``: arrived and refused by the update guard (``updates_rejected``);
+- ``unaggregated``: arrived, never aggregated before the run ended (e.g. in FedBuff's buffer);
+- ``unfinished``: still in flight when the run ended (its bar stops at the end).
+
+``used + stale + rejected + unaggregated`` is ``updates_received``.
+
+Bounded: the file holds the first :data:`MAX_TASKS` tasks in dispatch order (task ids
+0 … MAX_TASKS − 1) and the first :data:`MAX_AGGREGATIONS` server steps; its first line says
+how many there were in all, so a reader knows whether it holds the whole run. Between events
+the rows are checkpoint state (:meth:`TimelineRecorder.checkpoint_state`), so a resumed run
+writes the file an uninterrupted run writes.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from fedclock.sim.types import Contribution, ModelVersion, Task
+
+TIMELINE_FILE = "timeline.csv"
+#: tasks and server steps kept (the first ones): about 1 MB of CSV at most
+MAX_TASKS = 10_000
+MAX_AGGREGATIONS = 10_000
+OUTCOMES = ("used", "stale", "discarded", "rejected", "unaggregated", "unfinished")
+MAGIC = "# fedclock device timeline "
+COLUMNS = (
+    "event", "task_id", "client", "t_start", "download_s", "compute_s", "upload_s", "t_end",
+    "outcome", "base_version", "staleness", "t_server", "work", "local_steps",
+)  # fmt: skip
+
+# a row in memory: a list of numbers, indexed by task id (dispatch order)
+_CLIENT, _START, _DOWN, _COMPUTE, _UP, _END, _OUTCOME, _BASE, _STALE, _SERVER, _WORK, _STEPS = (
+    range(12)
+)
+_WIDTH = 12
+# outcome codes: the final ones index OUTCOMES; two more while the task is open
+_O_USED, _O_STALE, _O_DISCARDED, _O_REJECTED, _O_UNAGGREGATED, _O_UNFINISHED = range(6)
+_O_IN_FLIGHT, _O_ARRIVED = _O_UNFINISHED, _O_UNAGGREGATED  # (what they are if the run ends so)
+
+
+class TimelineRecorder:
+    """The observer that writes :data:`TIMELINE_FILE` (see the module docstring)."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # (checkpoint_state: arrays)
+
+    def __init__(self, max_tasks: int | None = None, max_aggregations: int | None = None) -> None:
+        self.max_tasks = MAX_TASKS if max_tasks is None else max_tasks
+        self.max_aggregations = MAX_AGGREGATIONS if max_aggregations is None else max_aggregations
+        self.rows: list[list[float]] = []
+        self.aggregations: list[tuple[float, int]] = []  # (virtual time, new version)
+        self._open = 0  # recorded tasks without their final outcome yet
+        self.labels: list[str] = []  # work-shape labels, by first use
+        self._label_of: dict[Any, int] = {}  # work shape → its label's index
+
+    # ---- observer hooks
+    def on_dispatch(self, sim: Any, task: Task) -> None:
+        if task.task_id >= self.max_tasks:
+            return
+        self._open += 1
+        shape = task.plan.shape
+        work = self._label_of.get(shape)
+        if work is None:
+            work = self._label(shape.describe())
+            self._label_of[shape] = work
+        down, compute, up = task.timing
+        t = task.t_start
+        self.rows.append([
+            task.client, t, down, compute, up, t + (down + compute + up), _O_IN_FLIGHT,
+            task.base.version, math.nan, math.nan, work, task.plan.local_steps,
+        ])  # fmt: skip
+
+    def on_arrival(self, sim: Any, contribution: Contribution) -> None:
+        tid = contribution.task.task_id
+        if tid < len(self.rows):
+            self.rows[tid][_OUTCOME] = _O_ARRIVED
+
+    def on_cancel(self, sim: Any, task: Task) -> None:
+        if task.task_id < len(self.rows):
+            row = self.rows[task.task_id]
+            row[_OUTCOME], row[_END] = _O_DISCARDED, sim.now
+            self._open -= 1
+
+    def on_reject(self, sim: Any, contribution: Contribution) -> None:
+        tid = contribution.task.task_id
+        if tid < len(self.rows):
+            row = self.rows[tid]
+            row[_OUTCOME], row[_SERVER] = _O_REJECTED, sim.now
+            self._open -= 1
+
+    def on_commit(self, sim: Any, contributions: Sequence[Contribution]) -> None:
+        if not self._open:  # (past the bound, every recorded task settled: nothing to do)
+            return
+        current, now, rows = sim.model.version, sim.now, self.rows
+        n = len(rows)
+        for c in contributions:
+            task = c.task
+            if task.task_id < n:
+                row = rows[task.task_id]
+                stale = current - task.base.version  # as the simulator counts it
+                row[_OUTCOME] = _O_USED if stale == 0 else _O_STALE
+                row[_STALE], row[_SERVER] = stale, now
+                self._open -= 1
+
+    def on_aggregation(self, sim: Any, version: ModelVersion) -> None:
+        if len(self.aggregations) < self.max_aggregations:
+            self.aggregations.append((sim.now, version.version))
+
+    def _label(self, text: str) -> int:
+        if text in self.labels:  # (a shape seen before a resume: the same label)
+            return self.labels.index(text)
+        self.labels.append(text)
+        return len(self.labels) - 1
+
+    # ---- checkpoints: the rows as one float64 array (ids, counts and versions are exact)
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {
+            "rows": np.array(self.rows, dtype=np.float64).reshape(-1, _WIDTH),
+            "aggregations": np.array(self.aggregations, dtype=np.float64).reshape(-1, 2),
+            "open": self._open,
+            "labels": list(self.labels),
+        }
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        self.rows = state["rows"].tolist()
+        self.aggregations = [(t, int(v)) for t, v in state["aggregations"].tolist()]
+        self._open = state["open"]
+        self.labels = list(state["labels"])
+        self._label_of = {}  # (rebuilt as shapes come: _label finds their labels)
+
+    # ---- the file
+    def write(self, run_dir: Path, end: float, dispatched: int, aggregations: int) -> Path:
+        """Write ``run_dir/timeline.csv`` (atomically); ``end``: the virtual time the run ended
+        at (where the bars of unfinished tasks stop); ``dispatched``, ``aggregations``: the
+        run's tasks and server steps in all (the simulator's counts)."""
+        meta = {
+            "tasks_dispatched": dispatched,
+            "tasks_recorded": len(self.rows),
+            "max_tasks": self.max_tasks,
+            "aggregations": aggregations,
+            "aggregations_recorded": len(self.aggregations),
+            "max_aggregations": self.max_aggregations,
+            "end": end,
+        }
+        path = run_dir / TIMELINE_FILE
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with tmp.open("w", newline="", encoding="utf-8") as fh:
+            fh.write(MAGIC + json.dumps(meta) + "\n")
+            fh.write(
+                f"# one row per task (event=task) in dispatch order, the first {self.max_tasks}; "
+                f"then the server steps (event=aggregation), the first {self.max_aggregations}. "
+                "Outcomes: used / stale = aggregated with staleness 0 / >= 1; discarded = cut at "
+                "the deadline; rejected = refused by the update guard; unaggregated = arrived, "
+                "never aggregated; unfinished = in flight when the run ended. See "
+                "docs/report.md.\n"
+            )
+            w = csv.writer(fh, lineterminator="\n")
+            w.writerow(COLUMNS)
+            for tid, r in enumerate(self.rows):
+                unfinished = r[_OUTCOME] == _O_IN_FLIGHT
+                w.writerow([
+                    "task", tid, int(r[_CLIENT]), _f(r[_START]), _f(r[_DOWN]), _f(r[_COMPUTE]),
+                    _f(r[_UP]), _f(min(r[_END], end) if unfinished else r[_END]),
+                    OUTCOMES[int(r[_OUTCOME])], int(r[_BASE]),
+                    "" if math.isnan(r[_STALE]) else int(r[_STALE]), _f(r[_SERVER]),
+                    self.labels[int(r[_WORK])], int(r[_STEPS]),
+                ])  # fmt: skip
+            for t, v in self.aggregations:
+                w.writerow(["aggregation", "", "", _f(t), "", "", "", _f(t), "", v, "", "", "", ""])
+        tmp.replace(path)
+        return path
+
+
+def _f(x: float) -> str:
+    """A time in the file: 9 significant digits (a relative error below 10⁻⁸)."""
+    return "" if math.isnan(x) else f"{x:.9g}"
+
+
+# ----------------------------------------------------------------------------- reading
+class Timeline:
+    """A run's timeline file, read back: ``meta`` (the first line's counts), ``tasks`` (a
+    column name → array / list, one entry per task row) and ``aggregations`` (virtual times
+    and the versions they made)."""
+
+    def __init__(
+        self, meta: dict[str, Any], tasks: dict[str, Any], agg_t: np.ndarray, agg_v: np.ndarray
+    ) -> None:
+        self.meta, self.tasks, self.agg_t, self.agg_v = meta, tasks, agg_t, agg_v
+
+    def __len__(self) -> int:
+        return len(self.tasks["task_id"])
+
+    @property
+    def complete(self) -> bool:
+        """Whether the file holds every task and server step of the run."""
+        m = self.meta
+        return bool(
+            m.get("tasks_recorded") == m.get("tasks_dispatched")
+            and m.get("aggregations_recorded") == m.get("aggregations")
+        )
+
+    def counts(self) -> dict[str, int]:
+        """Tasks per outcome (every outcome, 0 where none)."""
+        out = dict.fromkeys(OUTCOMES, 0)
+        for o in self.tasks["outcome"]:
+            out[o] = out.get(o, 0) + 1
+        return out
+
+
+_INT = ("task_id", "client", "base_version", "local_steps")
+_FLOAT = ("t_start", "download_s", "compute_s", "upload_s", "t_end", "staleness", "t_server")
+_BLANKS = ("staleness", "t_server")  # (blank where the task was never aggregated)
+
+
+def read_timeline(path: Path) -> Timeline:
+    """Read a :data:`TIMELINE_FILE`; ``ValueError`` (one sentence) if it is not one (a
+    10,000-task file in about 50 ms)."""
+    damaged = ValueError(f"{path} is damaged: a row does not have the timeline's columns.")
+    with path.open(newline="", encoding="utf-8") as fh:
+        first = fh.readline()
+        if not first.startswith(MAGIC):
+            raise ValueError(f"{path} is not a fedclock device timeline (its first line differs).")
+        try:
+            meta = json.loads(first[len(MAGIC) :])
+        except ValueError:
+            raise ValueError(
+                f"{path} is damaged: its first line is not the timeline's counts."
+            ) from None
+        if not fh.readline().startswith("#"):  # (the line of words)
+            raise damaged
+        rows = list(csv.reader(fh))
+    if not rows or tuple(rows[0]) != COLUMNS:
+        raise damaged
+    task_rows = [r for r in rows[1:] if r[0] == "task"]
+    agg_rows = [r for r in rows[1:] if r[0] == "aggregation"]
+    if len(task_rows) + len(agg_rows) != len(rows) - 1:
+        raise damaged
+    cols = dict(zip(COLUMNS, zip(*task_rows, strict=True), strict=True)) if task_rows else {}
+    nan = math.nan
+    try:
+        tasks: dict[str, Any] = {}
+        for c in _FLOAT:
+            v = cols.get(c, ())
+            tasks[c] = np.array(
+                [float(x) if x else nan for x in v] if c in _BLANKS else list(map(float, v)),
+                dtype=np.float64,
+            )
+        for c in _INT:
+            tasks[c] = np.array(list(map(int, cols.get(c, ()))), dtype=np.int64)
+        agg_t = np.array([float(r[3]) for r in agg_rows], dtype=np.float64)
+        agg_v = np.array([int(r[9]) for r in agg_rows], dtype=np.int64)
+    except (ValueError, IndexError):
+        raise damaged from None
+    tasks["outcome"] = list(cols.get("outcome", ()))
+    tasks["work"] = list(cols.get("work", ()))
+    return Timeline(meta, tasks, agg_t, agg_v)
