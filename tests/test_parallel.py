@@ -171,3 +171,65 @@ def test_a_run_with_the_ray_executor_has_the_local_metrics(tmp_path: Path) -> No
     import ray
 
     assert not ray.is_initialized()
+
+
+def _children(pid: int) -> list[int]:
+    """The live pool workers whose parent is ``pid`` (from /proc; not multiprocessing's
+    resource tracker)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmd = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z" and b"spawn_main" in cmd:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # (a zombie has ended; nobody may reap it in a container)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_workers_end_when_the_command_is_killed(tmp_path: Path) -> None:
+    """SIGTERM reaches the command, not its worker processes: they notice their parent is
+    gone and end instead of computing cells nobody collects (they used to go on)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = _config(tmp_path, budget={"aggregations": 100_000})  # cells that outlast the test
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
+    args = ["compare", cfg, "--strategies", "fedavg,drop-stragglers", "--seeds", "1,2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedclock", *args, "--jobs", "2", "-q", "--out", str(tmp_path / "o")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        workers: list[int] = []
+        while len(workers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            workers = _children(proc.pid)
+        assert len(workers) == 2, "the command did not start its two workers"
+        time.sleep(3)  # the workers are past their start-up (the watcher runs)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(_alive(w) for w in workers)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for w in _children(proc.pid):
+            os.kill(w, signal.SIGKILL)

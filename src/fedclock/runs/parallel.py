@@ -25,6 +25,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,8 +104,25 @@ def batch_workers(cells: int, batch_runs: int, jobs: int | None, backend: str, c
     return cpus
 
 
-def _worker_init() -> None:
-    """A worker process's cells reuse the data of its cell before (see ``DataReuse``)."""
+#: how often a worker checks that the command that started it is still there
+PARENT_POLL_S = 1.0
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Ends this worker once its parent is gone (the command killed, e.g. by SIGTERM, which
+    its workers do not receive): an orphan would go on computing a cell nobody collects.
+    The cell's checkpoint stays, so the next command resumes or re-runs it."""
+    while True:
+        time.sleep(PARENT_POLL_S)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _worker_init(parent: int) -> None:
+    """A worker process's cells reuse the data of its cell before (see ``DataReuse``), and
+    it ends with the command that started it (``parent``: that command's PID, passed in, so
+    a command killed while the worker was still starting is noticed too)."""
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     from fedclock.experiment import reuse_data
 
     reuse_data()
@@ -201,7 +220,10 @@ class CellRunner:
             threads = max(1, cpus // jobs)
             ctx = multiprocessing.get_context("spawn")
             with cf.ProcessPoolExecutor(
-                max_workers=jobs, mp_context=ctx, initializer=_worker_init
+                max_workers=jobs,
+                mp_context=ctx,
+                initializer=_worker_init,
+                initargs=(os.getpid(),),
             ) as pool:
                 futures = {
                     pool.submit(run_cell_group, cells_of, threads): group
@@ -264,7 +286,10 @@ class CellRunner:
         ctx = multiprocessing.get_context("spawn")  # (fork would copy torch's thread pools)
         while todo:
             with cf.ProcessPoolExecutor(
-                max_workers=jobs, mp_context=ctx, initializer=_worker_init
+                max_workers=jobs,
+                mp_context=ctx,
+                initializer=_worker_init,
+                initargs=(os.getpid(),),
             ) as pool:
                 running: dict[cf.Future[RunResult], Cell] = {}
                 for cell in todo:
