@@ -737,3 +737,7 @@ def test_a_cis_comparison_plots_its_headline_metric(tmp_path, monkeypatch) -> No
     head = (tmp_path / "cis" / "table.md").read_text().splitlines()[0]
     assert "CIS acc" in head and "last-exit acc" in head and "final acc" not in head
     assert "final acc" in (tmp_path / "plain" / "table.md").read_text().splitlines()[0]
+    from fedclock.report import write_report
+
+    page = write_report(tmp_path / "cis").read_text()  # the report's table says it too
+    assert "last-exit acc" in page and "final acc" not in page

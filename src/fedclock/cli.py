@@ -724,6 +724,8 @@ def _compare_table(
     cfg: Any, rows: list[dict[str, Any]], names: list[str], seed_list: list[int], out_dir: Path
 ) -> Table:
     """The console table of a comparison (headline metrics, mean ± std over seeds)."""
+    from fedclock.runs.tables import metric_label
+
     budget = f", budget {cfg.budget.virtual_time:g} virtual s" if cfg.budget.virtual_time else ""
     spread = " (mean ± std)" if len(seed_list) > 1 else ""
     table = Table(
@@ -733,10 +735,9 @@ def _compare_table(
     target = cfg.eval.target_accuracy
     cis = bool(rows) and "cis_accuracy_mean" in rows[0]
     cols = [
-        # an early-exit run's test accuracy is its last exit's alone: labelled so
         *([("cis_accuracy", "CIS acc", ".3f")] if cis else []),
-        ("final_test_accuracy", "last-exit acc" if cis else "final acc", ".3f"),
-        ("best_test_accuracy", "last-exit best" if cis else "best acc", ".3f"),
+        ("final_test_accuracy", metric_label("final_test_accuracy", "final acc", cis=cis), ".3f"),
+        ("best_test_accuracy", metric_label("best_test_accuracy", "best acc", cis=cis), ".3f"),
         ("time_to_target", f"time to {target:g} (s)" if target else "time to target", ".4g"),
         ("aggregations", "server steps", ".4g"),
         ("updates_discarded", "discarded", ".4g"),

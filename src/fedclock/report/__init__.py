@@ -410,7 +410,10 @@ def _timelines(
 
 
 def _headline_rows(rows: list[dict[str, Any]]) -> str:
+    from fedclock.runs.tables import metric_label
+
     ids = _id_cols(rows)
+    cis = any(math.isfinite(r.get("cis_accuracy_mean", math.nan)) for r in rows)
     present = [
         h for h in _HEADLINE if any(math.isfinite(r.get(f"{h[0]}_mean", math.nan)) for r in rows)
     ]
@@ -422,7 +425,8 @@ def _headline_rows(rows: list[dict[str, Any]]) -> str:
                   for k, _, d, _ in present]  # fmt: skip
         cells.append(str(n))
         body.append(cells)
-    return _table([*map(_esc, ids), *(_esc(h[1]) for h in present), "seeds"], body, "num")
+    labels = [_esc(metric_label(k, lab, cis=cis)) for k, lab, _, _ in present]
+    return _table([*map(_esc, ids), *labels, "seeds"], body, "num")
 
 
 def paired_differences(

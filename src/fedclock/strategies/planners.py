@@ -73,11 +73,15 @@ class LocalSGDPlanner:
             plan = local_sgd_plan(
                 size, self._batch, local_epochs=self._epochs, local_steps=self._steps
             )
-            cost = TaskCost(
-                flops=plan.samples * self._flops, bytes_down=self._bytes, bytes_up=self._bytes
-            )
-            cached = self._plans[size] = (plan, cost)
+            cached = self._plans[size] = self._priced(plan)
         return cached
+
+    def _priced(self, plan: TaskPlan) -> tuple[TaskPlan, TaskCost]:
+        """The full task and its cost (a subclass may give it another work shape)."""
+        cost = TaskCost(
+            flops=plan.samples * self._flops, bytes_down=self._bytes, bytes_up=self._bytes
+        )
+        return plan, cost
 
 
 # ------------------------------------------------------------------ straggler work

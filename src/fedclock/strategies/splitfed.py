@@ -19,7 +19,7 @@ does. Averaging both sides with the same weights p_i is FedAvg of the whole mode
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,11 +27,10 @@ from fedclock.config import SplitFedOptions
 from fedclock.devices.cost import TaskCost
 from fedclock.errors import ConfigError
 from fedclock.models.shapes import Layout, Split, UnsupportedShapeError, build_units
-from fedclock.sim.simulator import Context
 from fedclock.sim.types import TaskPlan
 from fedclock.strategies.aggregators import Importance, Update
 from fedclock.strategies.base import BuildInfo, Strategy
-from fedclock.strategies.planners import local_sgd_plan
+from fedclock.strategies.planners import LocalSGDPlanner
 from fedclock.strategies.server import server_optimizer
 from fedclock.strategies.triggers import SyncRounds
 from fedclock.train.local import Needs
@@ -40,40 +39,23 @@ if TYPE_CHECKING:
     from fedclock.config import ExperimentConfig
 
 
-class SplitPlanner:
+class SplitPlanner(LocalSGDPlanner):
     """Every client's local SGD (``train``'s epochs or steps, as FedAvg's) as a split task:
     the plan's shape is the :class:`Split`, its cost the split schedule's."""
 
-    checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # (_plans is a cache)
-
     def __init__(
-        self,
-        *,
-        client_sizes: np.ndarray,
-        batch_size: int,
-        local_epochs: float | None,
-        local_steps: int | None,
-        shape: Split,
-        layout: Layout,
-    ) -> None:
-        self._plans: dict[int, tuple[TaskPlan, TaskCost]] = {}  # keyed by data size
-        self._sizes = [int(n) for n in client_sizes]
-        self._batch, self._epochs, self._steps = batch_size, local_epochs, local_steps
+        self, *, client_sizes: np.ndarray, batch_size: int, local_epochs: float | None,
+        local_steps: int | None, shape: Split, layout: Layout,
+    ) -> None:  # fmt: skip
+        super().__init__(
+            client_sizes=client_sizes, batch_size=batch_size, local_epochs=local_epochs,
+            local_steps=local_steps, flops_per_sample=0.0, model_bytes=0,
+        )  # fmt: skip
         self.shape, self.layout = shape, layout
 
-    def nominal(self, client: int) -> tuple[TaskPlan, TaskCost]:
-        return self.plan(None, client)
-
-    def plan(self, ctx: Context | None, client: int) -> tuple[TaskPlan, TaskCost]:
-        size = self._sizes[client]
-        cached = self._plans.get(size)
-        if cached is None:
-            full = local_sgd_plan(
-                size, self._batch, local_epochs=self._epochs, local_steps=self._steps
-            )
-            plan = replace(full, shape=self.shape)
-            cached = self._plans[size] = (plan, self.shape.cost(self.layout, plan.samples))
-        return cached
+    def _priced(self, plan: TaskPlan) -> tuple[TaskPlan, TaskCost]:
+        plan = replace(plan, shape=self.shape)
+        return plan, self.shape.cost(self.layout, plan.samples)
 
 
 def split_layout(cfg: ExperimentConfig, info: BuildInfo, cut: int) -> tuple[Split, Layout]:
