@@ -376,9 +376,10 @@ class VectorizedExecutor:
         for i, task in enumerate(tasks):
             shape = task.plan.shape
             # a shape without a program is refused here, not run serially
-            key = self._full_key if shape is FULL else self._program(shape).key
-            if getattr(shape, "transient", False):  # drawn per task (RAM-Fed's submodels):
-                prog = self._program(shape)  # one block whatever the masks, stacked per task
+            prog = None if shape is FULL else self._program(shape)
+            key = self._full_key if prog is None else prog.key
+            if prog is not None and getattr(shape, "transient", False):  # drawn per task
+                # (RAM-Fed's submodels): one block whatever the masks, stacked per task
                 key = (prog.trains, prog.scale, prog.loss, prog.mask_fill, type(shape).__name__)
             reason = self._why_serial(task)
             if reason is not None:
