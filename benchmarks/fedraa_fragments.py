@@ -8,7 +8,9 @@ stepped by hand), measured in the same session, so the speedup is against it. Ea
 is one subprocess; its CPU time (user + system of the whole process tree) is recorded
 beside its wall time, since a shared machine stretches the wall time of both variants but
 hardly their CPU time. ``FEDRAA_VIRTUAL_TIME=T`` shortens the preset's 300 virtual
-seconds (both variants alike); ``--quick``: 20 virtual seconds.
+seconds (both variants alike); ``--quick``: 20 virtual seconds. ``FEDRAA_ALSO="ARGS;ARGS"``
+adds variants of this source with those command-line arguments appended (e.g. ``--jobs 4
+--batch-runs 1``: how the cells are spread over processes).
 
 Needs MNIST (``$FEDCLOCK_DATA`` or ``../shared/data/mnist``).
 """
@@ -57,7 +59,12 @@ def run(*, quick: bool = False, repeats: int = 1) -> dict[str, object]:
             "--seeds", "1", "--data-dir", str(_mnist()), "-q"]  # fmt: skip
     if t_virtual != 300:
         base += ["--set", f"budget.virtual_time={t_virtual:g}"]
-    variants = {"this source": {**os.environ, "PYTHONPATH": str(REPO / "src")}}
+    here = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    variants: dict[str, dict[str, str]] = {"this source": here}
+    extra: dict[str, list[str]] = {"this source": [], "baseline": []}
+    for args in filter(None, (a.strip() for a in os.environ.get("FEDRAA_ALSO", "").split(";"))):
+        variants[f"this source {args}"] = here
+        extra[f"this source {args}"] = args.split()
     baseline = os.environ.get("FEDRAA_BASELINE_SRC")
     if baseline:
         variants = {"baseline": {**os.environ, "PYTHONPATH": baseline}, **variants}
@@ -67,9 +74,9 @@ def run(*, quick: bool = False, repeats: int = 1) -> dict[str, object]:
     cells: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, env in variants.items():
-            out = Path(tmp) / name.replace(" ", "-")
+            out = Path(tmp) / "-".join(name.replace("-", "").split())
             c0, t0 = _children_cpu(), time.perf_counter()
-            subprocess.run([*base, "--out", str(out)], check=True, env=env)
+            subprocess.run([*base, *extra[name], "--out", str(out)], check=True, env=env)
             wall[name] = round(time.perf_counter() - t0, 1)
             cpu[name] = round(_children_cpu() - c0, 1)
             load[name] = _loadavg()

@@ -3,7 +3,11 @@
 and its learning-rate grid); ``fedclock sweep`` when it names a grid to sweep.
 
 Presets on MNIST or Tiny Shakespeare use the shared data (skipped without it, failed under
-CI=true; see tests/conftest.py). Slow: a few seconds per run, hundreds of runs in all.
+CI=true; see tests/conftest.py). A comparison or sweep runs with its first shipped seed only,
+a sweep at its swept field's two ends: what a preset can get wrong at run time shows there,
+seeds are paired the same way for every preset (tests/test_cli.py, tests/test_outputs.py),
+and every cell's config is validated without running (the fast test at the end). Slow: a
+few seconds per run, about 220 runs in all.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ import pytest
 from typer.testing import CliRunner
 
 from fedclock.cli import app
+from fedclock.config import load_config
 from fedclock.presets import load_preset, preset_names
 from fedclock.runs import parse_over
+from fedclock.runs.grid import cell_config, with_value
 from tests.conftest import require_data
 
 runner = CliRunner()
@@ -58,6 +64,26 @@ def _data_args(raw: dict[str, Any], cifar: Path) -> list[str]:
     return []
 
 
+def _first_seed(raw: dict[str, Any]) -> list[str]:
+    """The preset's first comparison seed (else its seed), as ``--seeds``."""
+    seeds = raw.get("compare", {}).get("seeds") or [raw["seed"]]
+    return ["--seeds", str(seeds[0])]
+
+
+def _setup_bound(raw: dict[str, Any]) -> list[str]:
+    """Work before the first server step that one aggregation does not bound: PruneFL's
+    initial pruning runs until its density settles, up to 1,000 rounds at one client — on
+    the fake CIFAR files (random labels) it never settles, 10 minutes a cell. Three rounds."""
+    if any(s.split(":")[0] == "prunefl" for s in raw.get("compare", {}).get("strategies", [])):
+        return ["--set", "strategy.initial_max_rounds=3"]
+    return []
+
+
+def _grid_args(raw: dict[str, Any], cifar: Path) -> list[str]:
+    """A comparison's or sweep's arguments: its data, its first seed, the set-up bound."""
+    return [*_data_args(raw, cifar), *_first_seed(raw), *_setup_bound(raw)]
+
+
 def _invoke(args: list[str]) -> dict[str, Any]:
     res = runner.invoke(app, [*args, *TINY, "--json", "-q"])
     assert res.exit_code == 0, res.stderr or res.stdout
@@ -89,11 +115,11 @@ def test_every_preset_runs_as_shipped(tmp_path: Path, preset: str, fake_cifar: P
 def test_every_preset_compares_as_shipped(tmp_path: Path, preset: str, fake_cifar: Path) -> None:
     raw = load_preset(preset)
     result = _invoke(
-        ["compare", "--preset", preset, *_data_args(raw, fake_cifar), "--out", str(tmp_path)]
+        ["compare", "--preset", preset, *_grid_args(raw, fake_cifar), "--out", str(tmp_path)]
     )
     compare = raw["compare"]
     assert len(result["rows"]) == len(compare["strategies"])
-    assert all(r["n_seeds"] == len(compare.get("seeds") or [raw["seed"]]) for r in result["rows"])
+    assert all(r["n_seeds"] == 1 for r in result["rows"])
     if compare.get("lr_grid"):  # compared over the shipped grid, by default
         assert all(r["lr"] in compare["lr_grid"] for r in result["rows"])
         assert (tmp_path / "lr_grid.csv").is_file()
@@ -104,10 +130,36 @@ def test_every_preset_compares_as_shipped(tmp_path: Path, preset: str, fake_cifa
     "preset", [p for p in PRESETS if load_preset(p).get("compare", {}).get("over")]
 )
 def test_every_preset_sweeps_as_shipped(tmp_path: Path, preset: str, fake_cifar: Path) -> None:
+    """At the swept field's two ends (the smallest deadline, the most stragglers …), every
+    strategy; each value in between is validated by the fast test below."""
     raw = load_preset(preset)
-    result = _invoke(
-        ["sweep", "--preset", preset, *_data_args(raw, fake_cifar), "--out", str(tmp_path)]
-    )
     path, values = parse_over(raw["compare"]["over"][0])
+    ends = [values[0], values[-1]]
+    texts = raw["compare"]["over"][0].partition("=")[2].split(",")  # as the preset writes them
+    over = ["--over", f"{path}={texts[0]},{texts[-1]}"]
+    result = _invoke(
+        ["sweep", "--preset", preset, *_grid_args(raw, fake_cifar), *over, "--out", str(tmp_path)]
+    )
     cells = {(r["strategy"], r[path]) for r in result["rows"]}
-    assert cells == {(s, v) for s in raw["compare"]["strategies"] for v in values}
+    assert cells == {(s, v) for s in raw["compare"]["strategies"] for v in ends}
+
+
+@pytest.mark.parametrize("preset", [p for p in PRESETS if load_preset(p).get("compare")])
+def test_every_cell_of_every_preset_validates(preset: str) -> None:
+    """Each cell a preset's comparison or sweep would run — every strategy × seed × grid
+    learning rate × swept value — is a config the cell accepts (fast: nothing runs)."""
+    raw = load_preset(preset)
+    cfg = load_config(raw=raw)
+    compare = raw["compare"]
+    bases = [cfg]
+    if compare.get("over"):
+        path, values = parse_over(compare["over"][0])
+        bases = [with_value(cfg, path, v) for v in values]
+    seeds = compare.get("seeds") or [raw["seed"]]
+    lrs = compare.get("lr_grid") or [None]
+    for base in bases:
+        for entry in compare.get("strategies") or [raw["strategy"]["name"]]:
+            for seed in seeds:
+                for lr in lrs:
+                    cell = cell_config(base, entry, seed, lr=lr)
+                    assert cell.seed == seed

@@ -18,6 +18,7 @@ is reconfigured every ΔR rounds (docs/methods/prunefl.md).
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -39,6 +40,8 @@ from fedclock.strategies.triggers import SyncRounds
 if TYPE_CHECKING:
     from fedclock.config import ExperimentConfig
     from fedclock.strategies.base import BuildInfo, Strategy
+
+log = logging.getLogger(__name__)
 
 #: the initial pruning stops once this many successive reconfigurations each changed the
 #: density by at most ``initial_threshold`` (the authors' code)
@@ -475,6 +478,13 @@ def build_prunefl(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
                 f"strategy.initial_client = {client} is not a client (0..{len(samples) - 1})."
             )
         x, y = info.train
+        log.info(
+            "prunefl: initial pruning at client %d before the first round (up to %d rounds of "
+            "%d batches on the host)",
+            client,
+            s.initial_max_rounds,
+            s.initial_batches,
+        )  # on a large model this takes minutes before the progress bar moves
         initial = initial_pruning(
             info.model, x, y, info.client_indices[client], client=client, layout=layout,
             population=info.population, samples=samples, batch_size=t.batch_size, lr=t.lr,
