@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from fedclock.cli import app
 from fedclock.config import load_config
 from fedclock.presets import load_preset, preset_names
-from fedclock.runs import parse_over
+from fedclock.runs import parse_over, parse_strategy
 from fedclock.runs.grid import cell_config, with_value
 from tests.conftest import require_data
 
@@ -74,7 +74,8 @@ def _setup_bound(raw: dict[str, Any]) -> list[str]:
     """Work before the first server step that one aggregation does not bound: PruneFL's
     initial pruning runs until its density settles, up to 1,000 rounds at one client — on
     the fake CIFAR files (random labels) it never settles, 10 minutes a cell. Three rounds."""
-    if any(s.split(":")[0] == "prunefl" for s in raw.get("compare", {}).get("strategies", [])):
+    entries = raw.get("compare", {}).get("strategies", [])
+    if any(parse_strategy(e)[0] == "prunefl" for e in entries):
         return ["--set", "strategy.initial_max_rounds=3"]
     return []
 
@@ -161,5 +162,6 @@ def test_every_cell_of_every_preset_validates(preset: str) -> None:
         for entry in compare.get("strategies") or [raw["strategy"]["name"]]:
             for seed in seeds:
                 for lr in lrs:
-                    cell = cell_config(base, entry, seed, lr=lr)
-                    assert cell.seed == seed
+                    cell = cell_config(base, entry, seed, lr=lr)  # raises if refused
+                    assert cell.strategy.name == parse_strategy(entry)[0]
+                    assert cell.seed == seed and (lr is None or cell.train.lr == lr)
