@@ -804,3 +804,70 @@ def test_fedraa_updater_end_to_end_against_a_hand_computation(tmp_path, monkeypa
                 want = torch.where(cover, want, theta) if cover is not False else theta
             torch.testing.assert_close(new.params[n], want, rtol=1e-12, atol=1e-12)
     assert max(stale) >= 1  # the staleness factor was exercised
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize(
+    ("momentum", "rho", "weight_decay"), [(0.0, 0.0, 0.0), (0.5, 0.3, 0.0), (0.9, 0.1, 1e-3)]
+)
+def test_flat_buffer_steps_equal_the_per_tensor_steps_bit_for_bit(
+    momentum: float, rho: float, weight_decay: float, persistent: bool, monkeypatch
+) -> None:
+    """A small hand-stepped block keeps its parameters, gradients, momentum and proximal
+    pull in flat buffers (VectorizedExecutor._train_steps_flat): the same operations in the
+    same order as the per-tensor loop, so the same float32 contributions and kept momentum,
+    bit for bit — fragments on a shared base and on stale bases, full tasks with a short
+    last batch (weighted rows)."""
+    from fedclock.train import vectorized
+    from tests.test_vectorized import _bump
+
+    model, units, _ = _mlp([20])
+    sizes = [16, 12, 12, 20]
+    data = _data(sizes, (6,))
+    ratios = FRAGMENT_RATIOS[4]
+    v0 = snapshot(model, 0)
+    v1 = _bump(v0, 1, seed=5)
+    frags = [Fragment(j, ratios) for j in (3, 0, 3, 0)]
+    rounds = [
+        [replace(t, plan=replace(t.plan, shape=s))
+         for t, s in zip(_tasks(v0, sizes, 8, steps=3), frags, strict=True)],
+        [replace(t, base=v1 if t.client % 2 else v0, plan=replace(t.plan, shape=s))
+         for t, s in zip(_tasks(v0, sizes, 8, steps=3, first_id=4), frags, strict=True)],
+        _tasks(v1, [12, 12, 12, 12], 8, epochs=1.0, first_id=8),  # 2 steps, the 2nd of 4 rows
+    ]  # fmt: skip
+    opts = dict(seed=3, lr=0.1, momentum=momentum, proximal_mu=rho,
+                weight_decay=weight_decay, units=units, persistent_momentum=persistent)  # fmt: skip
+    flat = partial_executor(copy.deepcopy(model), data, vectorize=True, **opts)
+    per_tensor = partial_executor(copy.deepcopy(model), data, vectorize=True, **opts)
+    calls: list[str] = []
+    for name in ("_train_steps", "_train_steps_flat"):
+        orig = getattr(vectorized.VectorizedExecutor, name)
+
+        def counted(self, *a, _orig=orig, _name=name, **k):  # type: ignore[no-untyped-def]
+            calls.append(_name)
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(vectorized.VectorizedExecutor, name, counted)
+    for tasks in rounds:
+        calls.clear()
+        want = per_tensor_run(per_tensor, tasks, monkeypatch)
+        assert set(calls) == {"_train_steps"}
+        calls.clear()
+        got = flat.run(tasks)
+        assert set(calls) == {"_train_steps_flat"}
+        _assert_same(want, got, atol=0)
+    if persistent and momentum:
+        a, b = flat._momentum_store, per_tensor._momentum_store
+        assert a is not None and b is not None and a.keys() == b.keys()
+        for c in a:
+            for n in a[c]:
+                assert torch.equal(a[c][n], b[c][n])
+
+
+def per_tensor_run(executor, tasks, monkeypatch):  # type: ignore[no-untyped-def]
+    """``executor.run(tasks)`` with the flat-buffer steps turned off."""
+    from fedclock.train import vectorized
+
+    with monkeypatch.context() as m:
+        m.setattr(vectorized, "FLAT_ELEMENTS", 0)
+        return executor.run(tasks)

@@ -56,10 +56,11 @@ def mlp_linears(model: nn.Module) -> list[tuple[str, str]] | None:
 class MlpGrad:
     """``vmap(grad_and_value(cross-entropy ∘ MLP))`` of a block, by hand (module docstring).
 
-    ``__call__(params, x, y, w=None)``: ``params`` maps each parameter name to its stacked
-    tensor (C, …) — a fragment's slices included —, ``x`` (C, B, …), ``y`` (C, B); ``w``
-    (C, B) the rows' weights (the weighted sum; None: the mean over B). Returns (gradients
-    by name, loss (C,)).
+    ``__call__(params, x, y, w=None, out=None)``: ``params`` maps each parameter name to its
+    stacked tensor (C, …) — a fragment's slices included —, ``x`` (C, B, …), ``y`` (C, B);
+    ``w`` (C, B) the rows' weights (the weighted sum; None: the mean over B); ``out`` the
+    tensors (C, …) to write the gradients into (e.g. views of one flat buffer), else new
+    ones. Returns (gradients by name, loss (C,)).
     """
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # stateless
@@ -77,13 +78,44 @@ class MlpGrad:
         x: torch.Tensor,
         y: torch.Tensor,
         w: torch.Tensor | None = None,
+        out: Mapping[str, torch.Tensor] | None = None,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        return self.bind(params, out)(x, y, w)
+
+    def bind(
+        self, params: Mapping[str, torch.Tensor], out: Mapping[str, torch.Tensor] | None = None
+    ) -> Bound:
+        """The step's gradient for these parameter tensors (and ``out`` buffers), with their
+        transposed and broadcast views made once: valid while the tensors are updated in
+        place (a block's local steps, :meth:`VectorizedExecutor._train_steps_flat`)."""
+        return Bound(self.linears, params, out)
+
+
+class Bound:
+    """:class:`MlpGrad` bound to a block's parameter tensors: ``(x, y, w=None)`` → (gradients
+    by name, loss (C,)), the same operations as an unbound call."""
+
+    def __init__(
+        self,
+        linears: list[tuple[str, str]],
+        params: Mapping[str, torch.Tensor],
+        out: Mapping[str, torch.Tensor] | None,
+    ) -> None:
+        self.names = [n for pair in linears for n in pair]
+        self.weights = [params[wn] for wn, _ in linears]
+        self.weights_t = [params[wn].transpose(1, 2) for wn, _ in linears]
+        self.biases = [params[bn].unsqueeze(1) for _, bn in linears]
+        self.out = None if out is None else [(out[wn], out[bn]) for wn, bn in linears]
+
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         c, b = y.shape
         a = x.reshape(c, b, -1)
         inputs, pre = [a], []
-        last = len(self.linears) - 1
-        for i, (wn, bn) in enumerate(self.linears):
-            z = torch.baddbmm(params[bn].unsqueeze(1), a, params[wn].transpose(1, 2))
+        last = len(self.weights) - 1
+        for i in range(last + 1):
+            z = torch.baddbmm(self.biases[i], a, self.weights_t[i])
             pre.append(z)
             if i < last:
                 a = torch.relu(z)
@@ -99,11 +131,15 @@ class MlpGrad:
         else:
             loss = (per_row * w).sum(dim=1)
             dz.mul_(w.unsqueeze(-1))
-        grads: dict[str, torch.Tensor] = {}
+        grads: list[torch.Tensor] = [dz] * (2 * last + 2)
         for i in range(last, -1, -1):
-            wn, bn = self.linears[i]
-            grads[wn] = torch.bmm(dz.transpose(1, 2), inputs[i])
-            grads[bn] = dz.sum(dim=1)
+            if self.out is None:
+                grads[2 * i] = torch.bmm(dz.transpose(1, 2), inputs[i])
+                grads[2 * i + 1] = dz.sum(dim=1)
+            else:
+                gw, gb = self.out[i]
+                grads[2 * i] = torch.bmm(dz.transpose(1, 2), inputs[i], out=gw)
+                grads[2 * i + 1] = torch.sum(dz, dim=1, out=gb)
             if i > 0:
-                dz = torch.bmm(dz, params[wn]).mul_(pre[i - 1] > 0)
-        return grads, loss
+                dz = torch.bmm(dz, self.weights[i]).mul_(pre[i - 1] > 0)
+        return dict(zip(self.names, grads, strict=True)), loss

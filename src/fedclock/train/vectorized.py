@@ -645,12 +645,23 @@ class VectorizedExecutor:
 
         scale = Scale(rate) if rate is not None else None
         hooks = [m.register_forward_hook(scale) for m in self._scaled] if scale else []
+        flat = (
+            self._block_grad is not None and not fixed and stats is None
+            and all(k == n_clients for k in active)
+            and n_clients * sum(p[0].numel() for p in params) <= FLAT_ELEMENTS
+        )  # fmt: skip
         try:
-            self._train_steps(
-                n_steps, active, rows, params, names, fixed, frozen, shared, partial,
-                weights if any(partial) else None, bufs, loss_sum, n_clients, stats,
-                base_params,
-            )  # fmt: skip
+            if flat:
+                self._train_steps_flat(
+                    n_steps, rows, params, names, shared, partial,
+                    weights if any(partial) else None, bufs, loss_sum, base_params,
+                )  # fmt: skip
+            else:
+                self._train_steps(
+                    n_steps, active, rows, params, names, fixed, frozen, shared, partial,
+                    weights if any(partial) else None, bufs, loss_sum, n_clients, stats,
+                    base_params,
+                )  # fmt: skip
         finally:
             for h in hooks:
                 h.remove()
@@ -737,6 +748,78 @@ class VectorizedExecutor:
                         p_k[i].mul_(m)
                 loss_sum[:k] += loss.detach()
 
+    def _train_steps_flat(
+        self, n_steps: int, rows: torch.Tensor, params: list[torch.Tensor], names: list[str],
+        shared: bool, partial: list[bool], weights: torch.Tensor | None,
+        bufs: list[torch.Tensor], loss_sum: torch.Tensor, base_params: list[torch.Tensor],
+    ) -> None:  # fmt: skip
+        """:meth:`_train_steps` of a small hand-stepped block (:class:`MlpGrad`) whose clients
+        all take every step: the parameters, gradients, momentum and proximal pull each live
+        in one flat buffer (``params`` and ``bufs`` become views of theirs, in place), so a
+        local step (:func:`~fedclock.train.local.step_direction`) is a few element-wise
+        passes, not a ``foreach`` call per pass over every tensor — the same operations in
+        the same order, so the same values bit for bit. On Fed-RAA's MNIST fragments (blocks
+        of about two tasks) that per-call cost was a fifth of the step (docs/benchmarks.md)."""
+        grad = self._block_grad
+        assert grad is not None and not self._mask_base  # (_by_hand: masked elements are 0)
+        local, lr = self.local, self._block_lr
+
+        def flat_of(ts: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+            # one buffer, tensor after tensor, each a contiguous (C, …) view
+            buf = torch.empty(sum(t.numel() for t in ts), dtype=ts[0].dtype, device=ts[0].device)
+            views, at = [], 0
+            for t in ts:
+                v = buf[at : at + t.numel()].view(t.shape)
+                v.copy_(t)
+                views.append(v)
+                at += t.numel()
+            return buf, views
+
+        p_flat, p_views = flat_of(params)
+        params[:] = p_views
+        g_flat, g_views = flat_of([torch.empty_like(p) for p in params])
+        out = dict(zip(names, g_views, strict=True))
+        state = dict(zip(names, p_views, strict=True))
+        b_flat = None
+        if local.momentum:
+            b_flat, b_views = flat_of(bufs)
+            bufs[:] = b_views
+        if local.proximal_mu:  # the base, one copy per client (expanded when shared)
+            c = params[0].shape[0]
+            b0 = [b.expand(c, *b.shape) if shared else b for b in base_params]
+            base_flat = flat_of(b0)[0]
+            pull = torch.empty_like(p_flat)
+        sq = self._block_sq
+        step = grad.bind(state, out)
+        x_rows = self._x_rows
+        c, b = rows.shape[0], rows.shape[2]
+        by_step = rows.transpose(0, 1).reshape(n_steps, c * b)  # each step's rows, in order
+        ys = self._y.index_select(0, by_step.reshape(-1)).view(n_steps, c, b)
+        with torch.no_grad():
+            for s in range(n_steps):
+                xb = x_rows.index_select(0, by_step[s]).view(c, b, -1)
+                w_s = weights[:, s] if partial[s] and weights is not None else None
+                _, loss = step(xb, ys[s], w_s)
+                if sq is not None:
+                    for acc, gn in zip(sq, g_views, strict=True):
+                        acc.addcmul_(gn, gn)
+                # step_direction's passes, in its order
+                if local.weight_decay:
+                    g_flat.add_(p_flat, alpha=local.weight_decay)
+                if local.proximal_mu:
+                    torch.sub(p_flat, base_flat, out=pull)
+                    pull.mul_(local.proximal_mu)
+                    g_flat.add_(pull)
+                d = g_flat
+                if b_flat is not None:
+                    b_flat.mul_(local.momentum)
+                    b_flat.add_(g_flat)
+                    d = b_flat
+                p_flat.add_(d, alpha=-lr)
+                for i, m in self._block_masks:  # outside its fragment: 0 (_by_hand)
+                    p_views[i].mul_(m)
+                loss_sum += loss
+
     def _contributions(
         self, tasks: Sequence[Task], names: list[str], fixed: list[str],
         params: list[torch.Tensor], base_params: list[torch.Tensor], shared: bool,
@@ -819,6 +902,11 @@ class VectorizedExecutor:
             )
         return out
 
+
+#: the largest block (clients × parameters) whose local steps use one flat buffer per
+#: quantity (:meth:`VectorizedExecutor._train_steps_flat`); a larger model's arithmetic
+#: dwarfs the per-call cost it saves
+FLAT_ELEMENTS = 1 << 21
 
 __all__ = [
     "BATCHABLE_MODULES",
