@@ -526,3 +526,47 @@ def test_progress_bars_show_the_headline_and_the_time_left() -> None:
     eta = _Eta(None)
     eta.started()
     assert eta.left(1) == ""  # (no total, no estimate)
+
+
+@pytest.fixture
+def _log_env(monkeypatch):
+    """Each test starts with fedclock's log messages hidden and leaves them so."""
+    from fedclock import logs
+
+    monkeypatch.setenv(logs.ENV, "")
+    yield logs
+    logs.hide()
+
+
+def test_verbose_shows_what_a_run_decides_on_its_own(tmp_path, _log_env) -> None:
+    """-v prints fedclock's INFO records on stderr (here Fed-RAA's delay bound K) and sets
+    $FEDCLOCK_LOG_LEVEL for compare/sweep workers; without it nothing is logged."""
+    args = ["run", "--preset", "tour-fedraa", "--set", "budget.virtual_time=2", "-q"]
+    plain = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])
+    assert plain.exit_code == 0, plain.output
+    assert plain.stderr == ""
+    loud = runner.invoke(app, ["-v", *args, "--out", str(tmp_path / "b")])
+    assert loud.exit_code == 0, loud.output
+    assert "fedclock: info: fedraa: delay bound K = " in loud.stderr
+    assert os.environ[_log_env.ENV] == "INFO"
+
+
+def test_a_bad_log_level_is_one_sentence(monkeypatch, _log_env) -> None:
+    monkeypatch.setenv(_log_env.ENV, "loud")
+    res = runner.invoke(app, ["presets"])
+    assert res.exit_code == 2
+    assert "FEDCLOCK_LOG_LEVEL='loud' is not a log level: use one of DEBUG, INFO" in res.stderr
+    monkeypatch.setenv(_log_env.ENV, "debug")  # any case
+    assert _log_env.show() and os.environ[_log_env.ENV] == "DEBUG"
+
+
+def test_compare_workers_inherit_the_log_level(_log_env) -> None:
+    """A compare/sweep worker process shows the records its command asked for: it calls
+    logs.show() on start, which reads the inherited $FEDCLOCK_LOG_LEVEL."""
+    code = (
+        "import logging, os; os.environ['FEDCLOCK_LOG_LEVEL'] = 'INFO'; "
+        "from fedclock.runs.parallel import _worker_init; _worker_init(os.getppid()); "
+        "logging.getLogger('fedclock.x').info('hello from a worker')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stderr == "fedclock: info: hello from a worker\n"

@@ -100,6 +100,26 @@ SeedsOpt = Annotated[
 ]
 
 
+@app.callback()
+def _main(
+    verbose: Annotated[
+        int,
+        typer.Option(
+            "--verbose",
+            "-v",
+            count=True,
+            help="Show fedclock's log messages on stderr (also in compare/sweep workers): -v "
+            "what a run decides on its own (PruneFL's initial pruning, Fed-RAA's delay bound, "
+            "executor fallbacks), -vv debug detail. Same as $FEDCLOCK_LOG_LEVEL=INFO/DEBUG.",
+        ),
+    ] = 0,
+) -> None:
+    from fedclock import logs
+
+    with _user_errors():
+        logs.show("DEBUG" if verbose > 1 else "INFO" if verbose else None)
+
+
 def _console(json_mode: bool, quiet: bool) -> Console:
     """Where progress, notes and tables go: stderr when stdout carries JSON; nowhere with -q
     (errors are printed by another console)."""

@@ -123,7 +123,10 @@ def _worker_init(parent: int) -> None:
     it ends with the command that started it (``parent``: that command's PID, passed in, so
     a command killed while the worker was still starting is noticed too)."""
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    from fedclock import logs
     from fedclock.experiment import reuse_data
+
+    logs.show()  # the command's -v ($FEDCLOCK_LOG_LEVEL, inherited)
 
     reuse_data()
 

@@ -484,7 +484,7 @@ def build_prunefl(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
             client,
             s.initial_max_rounds,
             s.initial_batches,
-        )  # minutes on a large model; shown where the caller configures logging
+        )  # minutes on a large model; shown with fedclock -v (fedclock.logs)
         initial = initial_pruning(
             info.model, x, y, info.client_indices[client], client=client, layout=layout,
             population=info.population, samples=samples, batch_size=t.batch_size, lr=t.lr,
