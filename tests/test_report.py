@@ -504,3 +504,27 @@ def test_a_diverged_run_still_has_its_report(tmp_path: Path) -> None:
     page = build_report(run)
     specs = _figures(page)  # (strict JSON: no NaN or Infinity in it)
     assert specs and "diverged" in page
+
+
+def test_table_md_and_the_report_show_the_same_headline_metrics(tmp_path) -> None:
+    """One list (runs.tables.HEADLINE) makes both: a Fraboni-style row's surrogate loss and
+    client loss spread are in table.md and in report.html's table, lower-is-better in the
+    paired differences."""
+    from fedclock.report import _headline_rows, paired_differences
+    from fedclock.runs.tables import HEADLINE, write_table
+
+    row = {"strategy": "fedavg", "n_seeds": 2}
+    for key in ("final_test_accuracy", "surrogate_loss_tail", "client_loss_std_tail"):
+        row |= {f"{key}_mean": 0.5, f"{key}_std": 0.1}
+    write_table([row], tmp_path, id_cols=["strategy"])
+    md = (tmp_path / "table.md").read_text()
+    html = _headline_rows([row])
+    for key in ("final_test_accuracy", "surrogate_loss_tail", "client_loss_std_tail"):
+        label = next(lab for k, lab, _, _ in HEADLINE if k == key)
+        assert label in md and label in html
+    groups = {
+        "a": [{"seed": 1, "surrogate_loss_tail": 2.0}],
+        "b": [{"seed": 1, "surrogate_loss_tail": 1.0}],
+    }
+    (diff,) = paired_differences(groups, metrics=("surrogate_loss_tail",))
+    assert diff["mean"] == -1.0 and diff["wins"] == 1 and not diff["higher_is_better"]

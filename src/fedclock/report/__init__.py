@@ -48,21 +48,6 @@ _PALETTE = (
 )  # fmt: skip
 _MAX_POINTS = 1500  # points per curve (long runs are thinned evenly; the ends are kept)
 
-# headline metrics: (summary key, label, significant digits, higher is better)
-_HEADLINE: tuple[tuple[str, str, int, bool], ...] = (
-    ("cis_accuracy", "CIS acc", 3, True),
-    ("final_test_accuracy", "final acc", 3, True),
-    ("best_test_accuracy", "best acc", 3, True),
-    ("final_test_loss", "final loss", 3, False),
-    ("federated_loss_tail", "federated loss (last 10%)", 3, False),
-    ("participation_loss_tail", "participation loss (last 10%)", 3, False),
-    ("mean_staleness", "mean staleness", 3, False),
-    ("time_to_target", "time to target (s)", 4, False),
-    ("virtual_time", "virtual time (s)", 4, True),
-    ("aggregations", "aggregations", 4, True),
-    ("updates_discarded", "discarded", 4, False),
-    ("useful_work_ratio", "useful work", 3, True),
-)
 # paired differences are shown for these (the rest are descriptive)
 _PAIRED = ("cis_accuracy", "final_test_accuracy", "final_test_loss", "federated_loss_tail",
            "time_to_target")  # fmt: skip
@@ -410,12 +395,12 @@ def _timelines(
 
 
 def _headline_rows(rows: list[dict[str, Any]]) -> str:
-    from fedclock.runs.tables import metric_label
+    from fedclock.runs.tables import HEADLINE, metric_label
 
     ids = _id_cols(rows)
     cis = any(math.isfinite(r.get("cis_accuracy_mean", math.nan)) for r in rows)
     present = [
-        h for h in _HEADLINE if any(math.isfinite(r.get(f"{h[0]}_mean", math.nan)) for r in rows)
+        h for h in HEADLINE if any(math.isfinite(r.get(f"{h[0]}_mean", math.nan)) for r in rows)
     ]
     body = []
     for r in rows:
@@ -438,8 +423,10 @@ def paired_differences(
     names = list(groups)
     if len(names) < 2:
         return []
+    from fedclock.runs.tables import HEADLINE
+
     base = {s["seed"]: s for s in groups[names[0]] if isinstance(s.get("seed"), int)}
-    better = {k: hi for k, _, _, hi in _HEADLINE}
+    better = {k: hi for k, _, _, hi in HEADLINE}
     out = []
     for name in names[1:]:
         mine = {s["seed"]: s for s in groups[name] if isinstance(s.get("seed"), int)}

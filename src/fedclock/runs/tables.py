@@ -50,6 +50,26 @@ def aggregate_rows(summaries: Sequence[dict[str, Any]], keys: dict[str, Any]) ->
     return row
 
 
+#: the headline metrics of table.md and report.html, in their order: (summary key, label,
+#: significant digits, higher is better); each is shown where some row has it (the console's
+#: comparison table picks a narrower set, cli._compare_table)
+HEADLINE: tuple[tuple[str, str, int, bool], ...] = (
+    ("cis_accuracy", "CIS acc", 3, True),
+    ("final_test_accuracy", "final acc", 3, True),
+    ("best_test_accuracy", "best acc", 3, True),
+    ("final_test_loss", "final loss", 3, False),
+    ("federated_loss_tail", "federated loss (last 10%)", 3, False),
+    ("participation_loss_tail", "participation loss (last 10%)", 3, False),
+    ("surrogate_loss_tail", "surrogate loss (last 10%)", 3, False),
+    ("client_loss_std_tail", "client loss std (last 10%)", 3, False),
+    ("mean_staleness", "mean staleness", 3, False),
+    ("time_to_target", "time to target (s)", 4, False),
+    ("virtual_time", "virtual time (s)", 4, True),
+    ("aggregations", "aggregations", 4, True),
+    ("updates_discarded", "discarded", 4, False),
+    ("useful_work_ratio", "useful work", 3, True),
+)
+
 #: an early-exit run's test accuracy is its last exit's alone (its headline is the routed
 #: CIS accuracy): the labels tables, the console and the report give it there
 LAST_EXIT_LABELS = {"final_test_accuracy": "last-exit acc", "best_test_accuracy": "last-exit best"}
@@ -71,24 +91,8 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path, *, id_cols: Sequence[
     for r in rows:
         w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
     write_output(out / "table.csv", text.getvalue().encode())
-    headline = [
-        ("cis_accuracy", "CIS acc", 3),
-        ("final_test_accuracy", "final acc", 3),
-        ("best_test_accuracy", "best acc", 3),
-        ("final_test_loss", "final loss", 3),
-        ("federated_loss_tail", "federated loss (last 10%)", 3),
-        ("participation_loss_tail", "participation loss (last 10%)", 3),
-        ("surrogate_loss_tail", "surrogate loss (last 10%)", 3),
-        ("client_loss_std_tail", "client loss std (last 10%)", 3),
-        ("mean_staleness", "mean staleness", 3),
-        ("time_to_target", "time to target (s)", 4),
-        ("virtual_time", "virtual time (s)", 4),
-        ("aggregations", "aggregations", 4),
-        ("updates_discarded", "discarded", 4),
-        ("useful_work_ratio", "useful work", 3),
-    ]
     cis = "cis_accuracy_mean" in cols
-    headline = [(k, metric_label(k, lab, cis=cis), d) for k, lab, d in headline]
+    headline = [(k, metric_label(k, lab, cis=cis), d) for k, lab, d, _ in HEADLINE]
     present = [h for h in headline if f"{h[0]}_mean" in cols]
     lines = [
         "| " + " | ".join([*id_cols, *(h[1] for h in present), "seeds"]) + " |",
