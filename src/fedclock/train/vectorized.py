@@ -756,9 +756,9 @@ class VectorizedExecutor:
         """:meth:`_train_steps` of a small hand-stepped block (:class:`MlpGrad`) whose clients
         all take every step: the parameters, gradients, momentum and proximal pull each live
         in one flat buffer (``params`` and ``bufs`` become views of theirs, in place), so a
-        local step (:func:`~fedclock.train.local.step_direction`) is a few element-wise
-        passes, not a ``foreach`` call per pass over every tensor — the same operations in
-        the same order, so the same values bit for bit. On Fed-RAA's MNIST fragments (blocks
+        local step (:func:`~fedclock.train.local.step_direction` on the one-tensor lists) is a
+        few element-wise passes, not a ``foreach`` call per pass over every tensor — the same
+        operations in the same order, so the same values bit for bit. On Fed-RAA's MNIST fragments (blocks
         of about two tasks) that per-call cost was a fifth of the step (docs/benchmarks.md)."""
         grad = self._block_grad
         assert grad is not None and not self._mask_base  # (_by_hand: masked elements are 0)
@@ -780,15 +780,15 @@ class VectorizedExecutor:
         g_flat, g_views = flat_of([torch.empty_like(p) for p in params])
         out = dict(zip(names, g_views, strict=True))
         state = dict(zip(names, p_views, strict=True))
-        b_flat = None
+        moms: list[torch.Tensor] = []
         if local.momentum:
             b_flat, b_views = flat_of(bufs)
             bufs[:] = b_views
+            moms = [b_flat]
+        base = None
         if local.proximal_mu:  # the base, one copy per client (expanded when shared)
             c = params[0].shape[0]
-            b0 = [b.expand(c, *b.shape) if shared else b for b in base_params]
-            base_flat = flat_of(b0)[0]
-            pull = torch.empty_like(p_flat)
+            base = [flat_of([b.expand(c, *b.shape) if shared else b for b in base_params])[0]]
         sq = self._block_sq
         step = grad.bind(state, out)
         x_rows = self._x_rows
@@ -803,18 +803,7 @@ class VectorizedExecutor:
                 if sq is not None:
                     for acc, gn in zip(sq, g_views, strict=True):
                         acc.addcmul_(gn, gn)
-                # step_direction's passes, in its order
-                if local.weight_decay:
-                    g_flat.add_(p_flat, alpha=local.weight_decay)
-                if local.proximal_mu:
-                    torch.sub(p_flat, base_flat, out=pull)
-                    pull.mul_(local.proximal_mu)
-                    g_flat.add_(pull)
-                d = g_flat
-                if b_flat is not None:
-                    b_flat.mul_(local.momentum)
-                    b_flat.add_(g_flat)
-                    d = b_flat
+                (d,) = step_direction(local, [g_flat], [p_flat], base, moms)
                 p_flat.add_(d, alpha=-lr)
                 for i, m in self._block_masks:  # outside its fragment: 0 (_by_hand)
                     p_views[i].mul_(m)
