@@ -106,3 +106,26 @@ def test_full_model_blocks_of_a_plain_mlp_step_by_hand() -> None:
     cnn = build_model("cnn", input_shape=(1, 8, 8), num_classes=10, seed=0,
                       channels=[4, 8], fc_hidden=16, kernel_size=3)  # fmt: skip
     assert not VectorizedExecutor(cnn, data, seed=0, local=local)._by_hand(FULL)
+
+
+def test_bound_step_writes_the_gradients_it_returns_unbound() -> None:
+    """``Bound.step`` (a block's local steps) fills ``out`` with what an unbound call returns,
+    bit for bit, also when the block's size changes between calls (its kept −1 column)."""
+    model = build_model("mlp", input_shape=(6,), num_classes=4, hidden=[5, 3], seed=2)
+    linears = mlp_linears(model)
+    assert linears is not None
+    g = torch.Generator().manual_seed(3)
+    grad = MlpGrad(linears)
+    for clients in (3, 2, 3):
+        params = {n: p.detach().unsqueeze(0).repeat(clients, *[1] * p.dim())
+                  + 0.1 * torch.randn(clients, *p.shape, generator=g)
+                  for n, p in model.named_parameters()}  # fmt: skip
+        out = {n: torch.full_like(p, float("nan")) for n, p in params.items()}
+        x = torch.randn(clients, 7, 6, generator=g)
+        y = torch.randint(0, 4, (clients, 7), generator=g)
+        for w in (None, torch.rand(clients, 7, generator=g)):
+            want_g, want_l = grad(params, x, y, w)
+            got_l = grad.bind(params, out).step(x, y, w)
+            assert torch.equal(got_l, want_l)
+            for n in want_g:
+                assert torch.equal(out[n], want_g[n])

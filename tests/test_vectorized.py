@@ -23,7 +23,7 @@ from fedclock.sim.types import Contribution, ModelVersion, Task
 from fedclock.strategies import local_sgd_plan
 from fedclock.train.executor import ClientData, SerialExecutor, snapshot
 from fedclock.train.factory import make_executor
-from fedclock.train.local import LocalTraining, Needs
+from fedclock.train.local import LocalTraining, Needs, step_direction
 from fedclock.train.vectorized import (
     VectorizedExecutor,
     auto_max_batch_clients,
@@ -881,3 +881,42 @@ def test_block_rows_are_each_clients_own_batches(steps: list[int]) -> None:
         for s in range(3):
             got = rows[j, s].tolist()
             assert got == (want[s] if s < steps[j] else [-1] * 4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    weight_decay=st.sampled_from([0.0, 1e-3]),
+    mu=st.sampled_from([0.0, 0.05]),
+    momentum=st.sampled_from([0.0, 0.5]),
+    seed=st.integers(0, 2**16),
+)
+def test_step_direction_is_torch_sgd_and_scratch_changes_no_bit(
+    weight_decay: float, mu: float, momentum: float, seed: int
+) -> None:
+    """Three local steps of ``step_direction`` are torch.optim.SGD's on ∇F + μ(θ − θ_base)
+    (FedProx eq. 2), in float64; the allocation-free form (``scratch``) gives the same bits."""
+    g = torch.Generator().manual_seed(seed)
+    local = LocalTraining(lr=0.1, momentum=momentum, weight_decay=weight_decay, proximal_mu=mu)
+    shapes = [(3, 4), (4,)]
+    base = [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+    grads_seq = [[torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+                 for _ in range(3)]  # fmt: skip
+    sgd_params = [b.clone().requires_grad_(True) for b in base]
+    opt = torch.optim.SGD(sgd_params, lr=0.1, momentum=momentum, weight_decay=weight_decay)
+    plain = [b.clone() for b in base]
+    inplace = [b.clone() for b in base]
+    bufs_p = [torch.zeros_like(b) for b in base]
+    bufs_i = [torch.zeros_like(b) for b in base]
+    scratch = [torch.empty_like(b) for b in base]
+    for grads in grads_seq:
+        for p, gr, b in zip(sgd_params, grads, base, strict=True):
+            p.grad = gr + mu * (p.detach() - b)  # the proximal term's gradient, by hand
+        opt.step()
+        d = step_direction(local, [gr.clone() for gr in grads], plain, base, bufs_p)
+        torch._foreach_add_(plain, d, alpha=-0.1)
+        d = step_direction(local, [gr.clone() for gr in grads], inplace, base, bufs_i, scratch)
+        torch._foreach_add_(inplace, d, alpha=-0.1)
+        for a, b in zip(plain, inplace, strict=True):
+            assert torch.equal(a, b)
+        for a, b in zip(plain, sgd_params, strict=True):
+            torch.testing.assert_close(a, b.detach(), rtol=1e-12, atol=1e-12)

@@ -66,6 +66,7 @@ def step_direction(
     params: list[torch.Tensor],
     base: list[torch.Tensor] | None,
     bufs: list[torch.Tensor],
+    scratch: list[torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """The direction d of one local step θ ← θ − η·d, written once for every executor path
     (torch.optim.SGD's, dampening 0, no Nesterov, with the proximal term):
@@ -74,15 +75,29 @@ def step_direction(
         b ← m·b + g,  d = b              (momentum m; ``bufs`` start at 0, so b₁ = g)
 
     ``bufs`` are updated in place (ignored without momentum); ``base`` is θ_base (``None``:
-    no proximal term)."""
+    no proximal term). With ``scratch`` (tensors shaped like ``params``) nothing is
+    allocated: ``grads`` are overwritten with g and the proximal pull is formed in
+    ``scratch`` — the same operations, so the same values."""
     with torch.no_grad():
         g = grads
         if local.weight_decay:
-            g = list(torch._foreach_add(g, params, alpha=local.weight_decay))
+            if scratch is None:
+                g = list(torch._foreach_add(g, params, alpha=local.weight_decay))
+            else:
+                torch._foreach_add_(g, params, alpha=local.weight_decay)
         if local.proximal_mu and base is not None:
-            pull = torch._foreach_sub(params, base)
+            pull: list[torch.Tensor] | tuple[torch.Tensor, ...]
+            if scratch is None:
+                pull = torch._foreach_sub(params, base)
+            else:
+                pull = scratch
+                for s, p, b in zip(scratch, params, base, strict=True):
+                    torch.sub(p, b, out=s)
             torch._foreach_mul_(pull, local.proximal_mu)
-            g = list(torch._foreach_add(g, pull))
+            if scratch is None:
+                g = list(torch._foreach_add(g, pull))
+            else:
+                torch._foreach_add_(g, pull)
         if local.momentum:
             torch._foreach_mul_(bufs, local.momentum)
             torch._foreach_add_(bufs, g)

@@ -93,7 +93,8 @@ class MlpGrad:
 
 class Bound:
     """:class:`MlpGrad` bound to a block's parameter tensors: ``(x, y, w=None)`` → (gradients
-    by name, loss (C,)), the same operations as an unbound call."""
+    by name, loss (C,)), the same operations as an unbound call; :meth:`step` writes the
+    gradients into ``out`` and returns the loss alone (a block's local steps)."""
 
     def __init__(
         self,
@@ -106,25 +107,45 @@ class Bound:
         self.weights_t = [params[wn].transpose(1, 2) for wn, _ in linears]
         self.biases = [params[bn].unsqueeze(1) for _, bn in linears]
         self.out = None if out is None else [(out[wn], out[bn]) for wn, bn in linears]
+        self._minus_one: torch.Tensor | None = None  # scatter_add_'s −1 per row, kept
 
     def __call__(
         self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        grads, loss = self._grads(x, y, w)
+        return dict(zip(self.names, grads, strict=True)), loss
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None) -> torch.Tensor:
+        """The gradients into ``out`` (bound with one); returns the loss (C,)."""
+        return self._grads(x, y, w)[1]
+
+    def _grads(
+        self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
         c, b = y.shape
         a = x.reshape(c, b, -1)
         inputs, pre = [a], []
-        last = len(self.weights) - 1
+        weights_t, biases = self.weights_t, self.biases
+        last = len(weights_t) - 1
         for i in range(last + 1):
-            z = torch.baddbmm(self.biases[i], a, self.weights_t[i])
+            z = torch.baddbmm(biases[i], a, weights_t[i])
             pre.append(z)
             if i < last:
                 a = torch.relu(z)
                 inputs.append(a)
-        logp = torch.log_softmax(pre[-1], dim=-1)  # (C, B, K)
+        # log-softmax over the K classes of each row, taken along dim 1 of the (C, K, B)
+        # view: the same values (bit for bit on the reference CPU: goldens unchanged), 5–10×
+        # faster than along a short last dim (K = 10); made contiguous again so the sums
+        # below keep their order
+        logp = torch.log_softmax(pre[-1].transpose(1, 2), 1).transpose(1, 2).contiguous()
         target = y.unsqueeze(-1)
         per_row = -logp.gather(-1, target).squeeze(-1)  # cross-entropy of each row
         dz = logp.exp_()  # softmax
-        dz.scatter_add_(-1, target, torch.full_like(per_row, -1.0).unsqueeze(-1))
+        minus_one = self._minus_one
+        if minus_one is None or minus_one.shape != target.shape:
+            minus_one = self._minus_one = torch.full(target.shape, -1.0, dtype=dz.dtype,
+                                                     device=dz.device)  # fmt: skip
+        dz.scatter_add_(-1, target, minus_one)
         if w is None:
             loss = per_row.mean(dim=1)
             dz.mul_(1.0 / b)
@@ -132,14 +153,17 @@ class Bound:
             loss = (per_row * w).sum(dim=1)
             dz.mul_(w.unsqueeze(-1))
         grads: list[torch.Tensor] = [dz] * (2 * last + 2)
+        out = self.out
         for i in range(last, -1, -1):
-            if self.out is None:
+            if out is None:
                 grads[2 * i] = torch.bmm(dz.transpose(1, 2), inputs[i])
                 grads[2 * i + 1] = dz.sum(dim=1)
             else:
-                gw, gb = self.out[i]
+                gw, gb = out[i]
                 grads[2 * i] = torch.bmm(dz.transpose(1, 2), inputs[i], out=gw)
                 grads[2 * i + 1] = torch.sum(dz, dim=1, out=gb)
-            if i > 0:
-                dz = torch.bmm(dz, self.weights[i]).mul_(pre[i - 1] > 0)
-        return dict(zip(self.names, grads, strict=True)), loss
+            if i > 0:  # ReLU's backward: ∂L/∂a ⊙ [y > 0] (autograd's own kernel)
+                dz = torch.ops.aten.threshold_backward(
+                    torch.bmm(dz, self.weights[i]), pre[i - 1], 0
+                )
+        return grads, loss

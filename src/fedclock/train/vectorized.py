@@ -789,23 +789,27 @@ class VectorizedExecutor:
         if local.proximal_mu:  # the base, one copy per client (expanded when shared)
             c = params[0].shape[0]
             base = [flat_of([b.expand(c, *b.shape) if shared else b for b in base_params])[0]]
-        sq = self._block_sq
-        step = grad.bind(state, out)
+        sq, masks = self._block_sq, self._block_masks
+        step = grad.bind(state, out).step
         x_rows = self._x_rows
         c, b = rows.shape[0], rows.shape[2]
         by_step = rows.transpose(0, 1).reshape(n_steps, c * b)  # each step's rows, in order
         ys = self._y.index_select(0, by_step.reshape(-1)).view(n_steps, c, b)
+        xb = x_rows.new_empty((c * b, x_rows.shape[1]))  # each step's batch, gathered into
+        xb_view = xb.view(c, b, -1)
+        gs, ps = [g_flat], [p_flat]
+        scratch = [torch.empty_like(p_flat)] if base is not None else None  # the pull
         with torch.no_grad():
             for s in range(n_steps):
-                xb = x_rows.index_select(0, by_step[s]).view(c, b, -1)
+                torch.index_select(x_rows, 0, by_step[s], out=xb)
                 w_s = weights[:, s] if partial[s] and weights is not None else None
-                _, loss = step(xb, ys[s], w_s)
+                loss = step(xb_view, ys[s], w_s)
                 if sq is not None:
                     for acc, gn in zip(sq, g_views, strict=True):
                         acc.addcmul_(gn, gn)
-                (d,) = step_direction(local, [g_flat], [p_flat], base, moms)
+                (d,) = step_direction(local, gs, ps, base, moms, scratch)
                 p_flat.add_(d, alpha=-lr)
-                for i, m in self._block_masks:  # outside its fragment: 0 (_by_hand)
+                for i, m in masks:  # outside its fragment: 0 (_by_hand)
                     p_views[i].mul_(m)
                 loss_sum += loss
 
