@@ -31,6 +31,7 @@ BENCHMARKS = {
     "startup": "benchmarks.startup",
     "sweep-table2": "benchmarks.sweep_table2",
     "fedraa-fragments": "benchmarks.fedraa_fragments",
+    "fedraa-step": "benchmarks.fedraa_step",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -134,9 +134,9 @@ class Bound:
                 a = torch.relu(z)
                 inputs.append(a)
         # log-softmax over the K classes of each row, taken along dim 1 of the (C, K, B)
-        # view: the same values (bit for bit on the reference CPU: goldens unchanged), 5–10×
-        # faster than along a short last dim (K = 10); made contiguous again so the sums
-        # below keep their order
+        # view: the same values (bit for bit on the reference CPU: goldens unchanged), 2–4×
+        # faster than along a short last dim (K = 10) with the copy back; made contiguous
+        # again so the sums below keep their order (benchmarks/fedraa_step.py)
         logp = torch.log_softmax(pre[-1].transpose(1, 2), 1).transpose(1, 2).contiguous()
         target = y.unsqueeze(-1)
         per_row = -logp.gather(-1, target).squeeze(-1)  # cross-entropy of each row
