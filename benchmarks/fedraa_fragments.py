@@ -10,7 +10,10 @@ beside its wall time, since a shared machine stretches the wall time of both var
 hardly their CPU time. ``FEDRAA_VIRTUAL_TIME=T`` shortens the preset's 300 virtual
 seconds (both variants alike); ``--quick``: 20 virtual seconds. ``FEDRAA_ALSO="ARGS;ARGS"``
 adds variants of this source with those command-line arguments appended (e.g. ``--jobs 4
---batch-runs 1``: how the cells are spread over processes).
+--batch-runs 1``: how the cells are spread over processes). ``FEDRAA_ROUNDS=N`` runs every
+variant N times, alternating the order from round to round; times are medians and each
+speedup is the median of the ratios within a round — on a virtual machine whose speed
+drifts by a third over half an hour, only a ratio taken at one moment is a measurement.
 
 Needs MNIST (``$FEDCLOCK_DATA`` or ``../shared/data/mnist``).
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import csv
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,28 +72,48 @@ def run(*, quick: bool = False, repeats: int = 1) -> dict[str, object]:
     baseline = os.environ.get("FEDRAA_BASELINE_SRC")
     if baseline:
         variants = {"baseline": {**os.environ, "PYTHONPATH": baseline}, **variants}
-    wall: dict[str, float] = {}
-    cpu: dict[str, float] = {}
-    load: dict[str, float] = {}
+    rounds = int(os.environ.get("FEDRAA_ROUNDS", "1"))
+    if rounds < 1:
+        raise SystemExit("FEDRAA_ROUNDS must be at least 1")
+    names = list(variants)
+    per_round: list[dict[str, dict[str, float]]] = []
     cells: dict[str, object] = {}
+    load: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, env in variants.items():
-            out = Path(tmp) / "-".join(name.replace("-", "").split())
-            c0, t0 = _children_cpu(), time.perf_counter()
-            subprocess.run([*base, *extra[name], "--out", str(out)], check=True, env=env)
-            wall[name] = round(time.perf_counter() - t0, 1)
-            cpu[name] = round(_children_cpu() - c0, 1)
-            load[name] = _loadavg()
-            cells[name] = _cells(out)
-    first = next(iter(wall))
+        for r in range(rounds):
+            # every round runs each variant once; odd rounds in reverse order, so a drift of
+            # the machine's speed over the call weighs on both sides of a ratio alike
+            order = names if r % 2 == 0 else names[::-1]
+            timed: dict[str, dict[str, float]] = {}
+            for name in order:
+                out = Path(tmp) / f"{r}-{'-'.join(name.replace('-', '').split())}"
+                c0, t0 = _children_cpu(), time.perf_counter()
+                subprocess.run(
+                    [*base, *extra[name], "--out", str(out)], check=True, env=variants[name]
+                )
+                timed[name] = {
+                    "wall": round(time.perf_counter() - t0, 1),
+                    "cpu": round(_children_cpu() - c0, 1),
+                }
+                load[name] = _loadavg()
+                cells[name] = _cells(out)
+            per_round.append({n: timed[n] for n in names})
+    first = names[0]
+    wall = {n: round(statistics.median(t[n]["wall"] for t in per_round), 1) for n in names}
+    cpu = {n: round(statistics.median(t[n]["cpu"] for t in per_round), 1) for n in names}
+    # speedups are paired within a round (the same moment of the machine), then the median
+    paired = {n: [round(t[first]["wall"] / t[n]["wall"], 2) for t in per_round] for n in names}
+    paired_cpu = {n: [round(t[first]["cpu"] / t[n]["cpu"], 2) for t in per_round] for n in names}
     return {
         "machine": machine(),
         "virtual_time": t_virtual,
+        "rounds": per_round,
         "seconds": wall,
         "cpu_s": cpu,
         "load_after": load,
-        "wall_speedup": {k: round(wall[first] / v, 2) for k, v in wall.items()},
-        "cpu_speedup": {k: round(cpu[first] / v, 2) for k, v in cpu.items()},
+        "wall_speedups_per_round": paired,
+        "wall_speedup": {n: round(statistics.median(v), 2) for n, v in paired.items()},
+        "cpu_speedup": {n: round(statistics.median(v), 2) for n, v in paired_cpu.items()},
         "cells": cells,
     }
 
@@ -98,8 +122,17 @@ def rows(result: dict[str, object]) -> list[tuple[str, str]]:
     out = [("virtual seconds per run", f"{result['virtual_time']:g}")]
     wall, cpu = result["seconds"], result["cpu_s"]
     ws, cs = result["wall_speedup"], result["cpu_speedup"]
+    per_round = result.get("wall_speedups_per_round", {})
+    rounds = len(result.get("rounds", [])) or 1  # type: ignore[arg-type]
+    median = "median of " if rounds > 1 else ""
     for name in wall:  # type: ignore[union-attr]
+        each = per_round.get(name, [])  # type: ignore[union-attr]
+        also = f"; per round {', '.join(f'{r}x' for r in each)}" if rounds > 1 else ""
         out.append(
-            (name, f"{wall[name]} s wall ({ws[name]}x), {cpu[name]} s CPU ({cs[name]}x)")  # type: ignore[index]
+            (
+                name,
+                f"{median}{wall[name]} s wall ({ws[name]}x), {cpu[name]} s CPU ({cs[name]}x)"  # type: ignore[index]
+                + also,
+            )
         )
     return out
