@@ -450,8 +450,30 @@ def test_gre_raa_as_the_authors_run_it() -> None:
     assert gre_raa_reference([9.0, 9.0], [5, 0], 1.0) == 0  # fragment 1 is never checked
 
 
-def test_fedraa_reference_mode_weights_by_data_share_and_duration(tmp_path, monkeypatch) -> None:
-    """θ ← θ + (n_i/n)·Δ/(1 + duration/100), counts at assignment, element fragments."""
+@given(
+    n=st.integers(1, 10_000),
+    total=st.integers(10_000, 100_000),
+    duration=st.floats(0, 1e4, allow_nan=False),
+)
+def test_share_discount_factors(n: int, total: int, duration: float) -> None:
+    """a = (n_i/n)·s, s = 1/(1 + duration/100) (spec §2.2), and each ablation keeps the
+    factors it names: share → n_i/n, discount → s, one → 1."""
+    from fedclock.strategies.fedraa import ShareDiscount
+
+    share, s = n / total, 1.0 / (1.0 + duration / 100.0)
+    want = {"share-discount": share * s, "share": share, "discount": s, "one": 1.0}
+    for kind, a in want.items():
+        assert ShareDiscount(total, kind).weight(n, duration) == pytest.approx(a, rel=1e-12)
+    with pytest.raises(ValueError, match="reference weight"):
+        ShareDiscount(total, "half")
+
+
+@pytest.mark.parametrize("kind", ["share-discount", "share", "one"])
+def test_fedraa_reference_mode_weights_by_data_share_and_duration(
+    tmp_path, monkeypatch, kind: str
+) -> None:
+    """θ ← θ + (n_i/n)·Δ/(1 + duration/100), counts at assignment, element fragments; the
+    ``reference_weight`` ablations drop the factors they name."""
     from fedclock.config import load_config
     from fedclock.experiment import run_experiment
     from fedclock.strategies.aggregators import Update
@@ -470,6 +492,7 @@ def test_fedraa_reference_mode_weights_by_data_share_and_duration(tmp_path, monk
 
     monkeypatch.setattr(Update, "aggregate", spy)
     raw = _fedraa_raw(mode="reference")
+    raw["strategy"]["reference_weight"] = kind
     res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "ref")
     assert res.summary["status"] == "completed" and len(seen) == 60
     import csv
@@ -478,7 +501,9 @@ def test_fedraa_reference_mode_weights_by_data_share_and_duration(tmp_path, monk
         n_total = sum(int(row["num_samples"]) for row in csv.DictReader(fh))
     for weight, duration, n, shape in seen:
         assert shape.kind == "elements"
-        assert weight == pytest.approx(n / n_total / (1 + duration / 100), rel=1e-12)
+        share = n / n_total if kind != "one" else 1.0
+        s = 1 / (1 + duration / 100) if kind == "share-discount" else 1.0
+        assert weight == pytest.approx(share * s, rel=1e-12)
 
 
 # ------------------------------------------------------------------ views, names, devices
@@ -747,6 +772,9 @@ def test_one_task_of_every_fragment_moves_every_weight_of_the_split_layers(arch:
          "fed-raa-random fixes it to 'random'"),
         (["strategy.mode=reference", "strategy.alpha=0.5"], "reference mode has no mixing"),
         (["strategy.mode=reference", "strategy.rho=0.1"], "reference mode has no mixing"),
+        (["strategy.reference_weight=one"], "paper mode mixes with α"),
+        (["strategy.name=fed-raa-sync", "strategy.mode=reference", "strategy.reference_weight=one"],
+         "synchronous rounds"),
         (["strategy.name=fed-raa-mp", "strategy.k=3"], "ignores the delay bound K"),
         (["strategy.name=fed-raa-random", "strategy.count=completed"], "reads no update counts"),
         (["strategy.name=fed-raa-sync", "strategy.concurrency=3"], "synchronous rounds"),

@@ -634,6 +634,11 @@ class _FedRAAFields(AsyncOptions):
         "proximal ρ); reference: the authors' code (element-wise fragments charged their "
         "share, θ + (n_i/n)·s·Δ with s = 1/(1 + duration/100), deterministic Gre-RAA)",
     )
+    reference_weight: Literal["share-discount", "share", "discount", "one"] = Field(
+        "share-discount",
+        description="reference mode's weight a of θ + a·Δ (an ablation): share-discount "
+        "(the authors' (n_i/n)·s), share (n_i/n), discount (s) or one (a = 1)",
+    )
     count: Literal["assigned", "completed"] = Field(
         "assigned",
         description="the event that increments a fragment's update count q(j): assigned "
@@ -662,6 +667,8 @@ class _FedRAAFields(AsyncOptions):
             return "the random scheduler reads no update counts"
         if cls.option(cfg, "mode") == "reference" and path in _FEDRAA_PAPER_ONLY:
             return "reference mode has no mixing weight, staleness or proximal term"
+        if path == "strategy.reference_weight" and cls.option(cfg, "mode") != "reference":
+            return "paper mode mixes with α, it has no reference-mode weight"
         if sync:
             return "synchronous rounds of every client: no mixing weight, staleness or concurrency"
         return super().unread_reason(cfg, path)
@@ -675,10 +682,13 @@ class _FedRAAFields(AsyncOptions):
             out.add("strategy.count")
         if cls.option(cfg, "mode") == "reference":  # no mixing weight, staleness or ρ
             out |= _FEDRAA_PAPER_ONLY
+        else:
+            out.add("strategy.reference_weight")
         if cls.setting(cfg, "sync"):  # rounds: no mixing, no staleness, every client
             out |= {
                 "strategy.alpha", "strategy.staleness", "strategy.staleness_a",
                 "strategy.staleness_b", "strategy.staleness_normalize_at", "strategy.concurrency",
+                "strategy.reference_weight",
             }  # fmt: skip
         return frozenset(out)
 

@@ -201,24 +201,38 @@ class FragmentPlanner:
                     self.updates[shape.index] += 1
 
 
+#: reference mode's weight a of θ + a·Δ (``strategy.reference_weight``; the ablation of
+#: docs/reproductions/fed-raa.md): which of the two factors (n_i/n)·s are kept
+REFERENCE_WEIGHTS = ("share-discount", "share", "discount", "one")
+
+
 class ShareDiscount:
     """The authors' updater's weight (reference mode, spec §2.2): θ ← θ + a·Δ on each
     arrival, a = (n_i / n_total)·s, s = 1/(1 + duration/100), duration = the update's
     virtual time from dispatch to arrival (not a staleness in versions); Δ is zero outside
-    the fragment on the split tensors and dense on the shared ones."""
+    the fragment on the split tensors and dense on the shared ones. ``kind`` drops either
+    factor (``share``: a = n_i/n, ``discount``: a = s, ``one``: a = 1), an ablation."""
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, total_samples: int) -> None:
+    def __init__(self, total_samples: int, kind: str = "share-discount") -> None:
+        if kind not in REFERENCE_WEIGHTS:
+            raise ValueError(f"reference weight {kind!r} is not one of {REFERENCE_WEIGHTS}")
         self.total = total_samples
+        self.share = kind in ("share-discount", "share")
+        self.discount = kind in ("share-discount", "discount")
+
+    def weight(self, num_samples: int, duration: float) -> float:
+        """a = (n_i/n)·s with the factors ``kind`` keeps (1 for a dropped one)."""
+        share = num_samples / self.total if self.share else 1.0
+        return share / (1.0 + duration / DISCOUNT_SECONDS) if self.discount else share
 
     def __call__(
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
     ) -> np.ndarray:
-        return np.array([
-            c.num_samples / self.total / (1.0 + (ctx.now - c.task.t_start) / DISCOUNT_SECONDS)
-            for c in contributions
-        ])  # fmt: skip
+        return np.array(
+            [self.weight(c.num_samples, ctx.now - c.task.t_start) for c in contributions]
+        )
 
 
 def _rounds_and_update(s: Any, planner: FragmentPlanner, total_samples: int) -> tuple[Any, Update]:
@@ -240,7 +254,8 @@ def _rounds_and_update(s: Any, planner: FragmentPlanner, total_samples: int) -> 
     trigger = ArrivalBuffer(UpdateTimes("profile", planner), buffer_size=1,
                             concurrency=s.concurrency)  # fmt: skip
     if s.mode == "reference":
-        return trigger, Update(ShareDiscount(total_samples), buffers=keep_buffers, server=server)
+        weight = ShareDiscount(total_samples, s.reference_weight)
+        return trigger, Update(weight, buffers=keep_buffers, server=server)
     # Alg. 1's updater: θ^j ← (1 − α_t)·θ^j + α_t·θ^j_new, α_t = α·s(staleness)
     staleness = Staleness(
         kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
