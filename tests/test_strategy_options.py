@@ -213,6 +213,7 @@ _VALUES = {
     "strategy.server_eps": (1e-3, 1e-2),
     "strategy.k": (0.5, 5.0),
     "strategy.count": ("assigned", "completed"),
+    "strategy.reference_weight": ("share-discount", "one"),
     "strategy.alpha": (0.3, 0.9),
     "strategy.rho": (0.0, 0.5),
     "strategy.staleness": ("constant", "polynomial"),
