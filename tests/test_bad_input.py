@@ -240,6 +240,9 @@ CASES: list[tuple[str, Setup]] = [
     ("run folder under a file", _out_under_file),
     # commands
     ("compare: seeds not numbers", lambda tmp: ["compare", _cfg(tmp, tiny_raw()), "--seeds", "a,b"]),
+    ("compare: --seeds empty", lambda tmp: ["compare", _cfg(tmp, tiny_raw()), "--seeds", ""]),
+    ("sweep: --seeds only commas", lambda tmp: ["sweep", _cfg(tmp, tiny_raw()), "--over", "train.lr=0.1,0.2", "--strategies", "fedavg", "--seeds", ",,,"]),
+    ("compare: --strategies empty", lambda tmp: ["compare", _cfg(tmp, tiny_raw()), "--strategies", " , "]),
     ("compare: unknown strategy", lambda tmp: ["compare", _cfg(tmp, tiny_raw()), "--strategies", "nope"]),
     ("compare: lr grid not numbers", lambda tmp: ["compare", _cfg(tmp, tiny_raw()), "--strategies", "fedavg", "--lr-grid", "x"]),
     ("sweep: --over without values", lambda tmp: ["sweep", _cfg(tmp, tiny_raw()), "--over", "train.lr", "--strategies", "fedavg"]),

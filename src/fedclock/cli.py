@@ -454,7 +454,10 @@ def _strategy_entries(text: str | None, cfg: Any, default: list[str]) -> list[st
     from fedclock.errors import ConfigError
     from fedclock.strategies import STRATEGIES
 
-    names = _csv_list(text, str) or list(cfg.compare.strategies) or default
+    names = _csv_list(text, str)
+    if text is not None and not names:
+        raise ConfigError(f"--strategies names no strategy ('{short(text)}'); give one or more.")
+    names = names or list(cfg.compare.strategies) or default
     for n in names:
         if n.split(":")[0] not in STRATEGIES:
             raise ConfigError(
@@ -468,11 +471,14 @@ def _seed_list(text: str | None, cfg: Any) -> list[int]:
     from fedclock.errors import ConfigError
 
     try:
-        return _csv_list(text, int) or list(cfg.compare.seeds) or [cfg.seed]
+        seeds = _csv_list(text, int)
     except ValueError:
         raise ConfigError(
             f"--seeds must be comma-separated integers, got '{short(text)}'."
         ) from None
+    if text is not None and not seeds:  # '' or ',,,': a typo, not "the preset's seeds"
+        raise ConfigError(f"--seeds names no seed ('{short(text)}'); give one or more integers.")
+    return seeds or list(cfg.compare.seeds) or [cfg.seed]
 
 
 def _lr_rates(lr_grid: str | None, no_lr_grid: bool, cfg: Any, console: Console) -> list[float]:
