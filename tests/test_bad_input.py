@@ -308,3 +308,18 @@ def test_a_full_disk_mid_run_is_one_sentence_and_keeps_the_metrics(tmp_path, mon
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert lines == [f"error: Could not use {out / 'metrics.csv'}: no space left on device."]
     assert len((out / "metrics.csv").read_text().splitlines()) == 1 + 3  # header + 3 rows
+
+
+@pytest.mark.parametrize(
+    "value", ["garbage", "[1, 2]", '{"root": 3}', '{"root": "x", "base": 1}', '{"root": ""}']
+)
+def test_a_foreign_tensorboard_channel_is_one_sentence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """$FEDCLOCK_TENSORBOARD is fedclock's channel to its workers: a value fedclock did not
+    write is refused in one sentence (it crashed every run with a traceback)."""
+    monkeypatch.setenv("FEDCLOCK_TENSORBOARD", value)
+    res = runner.invoke(app, ["run", _cfg(tmp_path, tiny_raw()), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "$FEDCLOCK_TENSORBOARD is fedclock's channel" in lines[0], lines

@@ -59,12 +59,32 @@ def disable() -> None:
     os.environ.pop(ENV, None)
 
 
+def _read_spec(spec: str) -> dict[str, Any]:
+    """The setting :func:`enable` wrote into :data:`ENV`; one sentence if someone else did."""
+    try:
+        conf = json.loads(spec)
+    except ValueError:
+        conf = None
+    ok = (
+        isinstance(conf, dict)
+        and isinstance(conf.get("root"), str)
+        and conf["root"] != ""
+        and (conf.get("base") is None or isinstance(conf["base"], str))
+    )
+    if not ok:
+        raise ConfigError(
+            f"${ENV} is fedclock's channel to its worker processes and holds a value it did not "
+            f"write ({spec[:40]!r}): unset it, and use --tensorboard DIR instead."
+        )
+    return conf
+
+
 def log_dir_for(run_dir: Path) -> Path | None:
     """The TensorBoard run of ``run_dir`` (None when :func:`enable` was not called)."""
     spec = os.environ.get(ENV)
     if not spec:
         return None
-    conf = json.loads(spec)
+    conf = _read_spec(spec)
     root, run_dir = Path(conf["root"]), run_dir.resolve()
     rel: Path | None = None
     if conf["base"] is not None:
