@@ -570,3 +570,14 @@ def test_compare_workers_inherit_the_log_level(_log_env) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stderr == "fedclock: info: hello from a worker\n"
+
+
+def test_an_ascii_console_prints_the_table_instead_of_crashing(tmp_path) -> None:
+    """PYTHONIOENCODING=ascii: characters the console cannot write become '?', the run
+    finishes and prints its table (it ended in a UnicodeEncodeError)."""
+    cfg = _write(tmp_path, tiny_raw(budget={"aggregations": 2}))
+    res = _cli("run", str(cfg), "--out", str(tmp_path / "r"),
+               env={**os.environ, "PYTHONIOENCODING": "ascii"})  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr and "final_test_accuracy" in res.stdout
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["status"] == "completed"

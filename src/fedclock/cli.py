@@ -1250,5 +1250,15 @@ def strategies() -> None:
     Console().print(t)
 
 
+def _tolerant_streams() -> None:
+    """A console whose encoding cannot write fedclock's text (PYTHONIOENCODING=ascii, a C
+    locale) gets '?' for the characters it lacks instead of a UnicodeEncodeError mid-run."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and (stream.encoding or "").lower().replace("-", "") != "utf8":
+            reconfigure(errors="replace")
+
+
 def main() -> None:
+    _tolerant_streams()
     app()
