@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import importlib.util
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,7 @@ def load_script(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve their annotations through it
     spec.loader.exec_module(module)
     return module
 

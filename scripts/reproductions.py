@@ -1,0 +1,1339 @@
+"""The tables of docs/reproductions/*.md, generated from result files kept in the repository.
+
+    python scripts/reproductions.py check             # regenerate every block; fail on a difference
+    python scripts/reproductions.py write             # rewrite the generated blocks of the pages
+    python scripts/reproductions.py list              # the tables, their pages, commits and dates
+    python scripts/reproductions.py collect NAME RUNS [--commit C]   # store NAME's results
+    python scripts/reproductions.py rerun NAME [--seeds 1,2] [--command N] [--out DIR]
+    python scripts/reproductions.py mark-stale NAME COMMIT   # goldens moved after NAME's runs
+
+A table (``TABLES`` below) names its commands, the run folders they write, how a number is
+read off a run, and how its blocks are printed. Its results are stored as
+``docs/reproductions/results/NAME.csv`` (one row per cell, seed and metric, full precision)
+beside ``NAME.json`` (the commit, date, machine, fedclock version and commands that made
+them). A page holds each block between ``<!-- generated: NAME/BLOCK … -->`` and
+``<!-- end generated -->``; nothing between those lines is typed by hand. ``check`` also
+fails when a commit after a table's results changed ``tests/golden`` (numbers may have
+moved) until the table is re-run and collected again or marked stale, which its page then
+says, with that commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = REPO / "docs" / "reproductions"
+BEGIN = re.compile(r"^<!-- generated: (?P<key>[\w.-]+/[\w.-]+) .*-->$")
+END = "<!-- end generated -->"
+
+Key = tuple[str, int, str]  # (cell, seed, metric)
+
+
+# ----------------------------------------------------------------------------- results
+@dataclass
+class Results:
+    """A table's stored numbers: (cell, seed, metric) → value, and where they came from."""
+
+    name: str
+    values: dict[Key, float]
+    meta: dict = field(default_factory=dict)
+
+    def get(self, cell: str, seed: int, metric: str) -> float:
+        return self.values.get((cell, seed, metric), math.nan)
+
+    def seeds(self, cell: str) -> list[int]:
+        return sorted({s for c, s, _ in self.values if c == cell})
+
+    def per_seed(self, cell: str, metric: str, seeds: Iterable[int]) -> list[float]:
+        return [self.get(cell, s, metric) for s in seeds]
+
+
+def results_dir(pages: Path) -> Path:
+    return pages / "results"
+
+
+def load(name: str, pages: Path = PAGES) -> Results:
+    """The stored results of table ``name`` (a missing file is one sentence)."""
+    path = results_dir(pages) / f"{name}.csv"
+    if not path.is_file():
+        raise SystemExit(f"error: no stored results for table {name!r} ({path} is missing).")
+    values: dict[Key, float] = {}
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            values[(row["cell"], int(row["seed"]), row["metric"])] = float(row["value"])
+    meta_path = path.with_suffix(".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    return Results(name, values, meta)
+
+
+def save(res: Results, pages: Path = PAGES) -> Path:
+    out = results_dir(pages)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{res.name}.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(["cell", "seed", "metric", "value"])
+        for (cell, seed, metric), v in sorted(res.values.items()):
+            w.writerow([cell, seed, metric, repr(float(v))])
+    path.with_suffix(".json").write_text(json.dumps(res.meta, indent=1) + "\n")
+    return path
+
+
+# ----------------------------------------------------------------------------- reading runs
+def read_metrics(run: Path) -> list[dict[str, float]]:
+    """metrics.csv of a run as floats (blank fields: NaN)."""
+    with (run / "metrics.csv").open(newline="") as fh:
+        return [
+            {k: float(v) if v not in ("", None) else math.nan for k, v in row.items()}
+            for row in csv.DictReader(fh)
+        ]
+
+
+def time_to(rows: list[dict[str, float]], target: float) -> float:
+    """The first evaluation's virtual time at which test accuracy ≥ ``target`` (NaN: never)."""
+    for r in rows:
+        if r["test_accuracy"] >= target:
+            return r["virtual_time"]
+    return math.nan
+
+
+def at(
+    rows: list[dict[str, float]], t: float, metric: str = "test_accuracy", end: float = math.inf
+) -> float:
+    """``metric`` of the last evaluation at or before virtual time ``t``: the model the server
+    held at ``t``. NaN when the run ended (``end``, summary.json's virtual_time) before ``t``:
+    its budget was too short to read it there."""
+    if math.isnan(t) or t > end + 1e-9:
+        return math.nan
+    value = math.nan
+    for r in rows:
+        if r["virtual_time"] <= t + 1e-9:
+            value = r[metric]
+    return value
+
+
+def run_end(run: Path) -> float:
+    """The virtual time a finished run stopped at (summary.json)."""
+    return float(json.loads((run / "summary.json").read_text())["virtual_time"])
+
+
+def seed_dirs(root: Path, pattern: str) -> Iterable[tuple[Path, int]]:
+    """Finished runs (summary.json status completed) under ``root`` matching ``pattern``."""
+    for path in sorted(root.glob(pattern + "/summary.json")):
+        if json.loads(path.read_text()).get("status") == "completed":
+            yield path.parent, int(path.parent.name.removeprefix("seed-"))
+
+
+# ----------------------------------------------------------------------------- formatting
+def pct(v: float, digits: int = 2) -> str:
+    return "—" if math.isnan(v) else f"{100 * v:.{digits}f}"
+
+
+def num(v: float, digits: int = 0) -> str:
+    return "—" if math.isnan(v) else f"{v:,.{digits}f}"
+
+
+def mean_sd(values: list[float], scale: float = 100.0, digits: int = 2) -> str:
+    vals = [scale * v for v in values if not math.isnan(v)]
+    if not vals:
+        return "—"
+    if len(vals) == 1:
+        return f"{vals[0]:.{digits}f}"
+    return f"{statistics.mean(vals):.{digits}f} ± {statistics.stdev(vals):.{digits}f}"
+
+
+def fmt_ratio(v: float) -> str:
+    return "—" if math.isnan(v) else f"{v:.2f}"
+
+
+def signed(v: float, digits: int = 2) -> str:
+    return "—" if math.isnan(v) else f"{v:+.{digits}f}".replace("-", "−")
+
+
+def slash(values: Iterable[str]) -> str:
+    return " / ".join(values)
+
+
+def table_md(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def sign_verdict(diffs: list[float], expected_sign: int) -> str:
+    """``holds`` when every seed's paired difference has the expected sign, ``fails`` when
+    every seed's has the other, ``level`` when every one is zero (below 0.005 points: an
+    accuracy on 10,000 test points moves by 0.01), else ``mixed`` (seeds disagree)."""
+    d = [x for x in diffs if not math.isnan(x)]
+    if not d:
+        return "not measured"
+    if all(abs(x) < 0.005 for x in d):
+        return "level"
+    if all(x * expected_sign > 0 for x in d):
+        return "holds"
+    if all(x * expected_sign < 0 for x in d):
+        return "fails"
+    return "mixed"
+
+
+def spread(diffs: list[float]) -> str:
+    """mean ± sample sd of paired differences (points), with the per-seed values."""
+    d = [x for x in diffs if not math.isnan(x)]
+    if not d:
+        return "—"
+    if len(d) < 2:
+        return slash(signed(x) for x in d)
+    return (
+        f"{signed(statistics.mean(d))} ± {statistics.stdev(d):.2f} ({slash(signed(x) for x in d)})"
+    )
+
+
+# ----------------------------------------------------------------------------- tables
+@dataclass(frozen=True)
+class Table:
+    """One reproduced table: its commands, how runs become numbers, how numbers become blocks."""
+
+    name: str
+    page: str
+    seeds: tuple[int, ...]
+    #: shell commands; ``{root}`` is the folder the run folders go under, ``{seeds}`` the
+    #: comma-separated seeds, ``{data}`` the MNIST folder
+    commands: tuple[str, ...]
+    collect: Callable[[Path], dict[Key, float]]
+    blocks: dict[str, Callable[[Results], str]]
+    #: largest |rerun − stored| accepted per metric (metric name prefix → value)
+    tolerance: dict[str, float]
+    prelude: str = ""  # shell lines the commands need (variables), shown and run before them
+
+    def command_text(
+        self, root: str = "runs", seeds: str | None = None, only: list[int] | None = None
+    ) -> str:
+        """The prelude and the commands (``only``: those numbers, from 1) for ``root``."""
+        seeds = seeds or ",".join(map(str, self.seeds))
+        picked = [c for i, c in enumerate(self.commands, 1) if not only or i in only]
+        body = [c.format(root=root, seeds=seeds, data="$D") for c in picked]
+        return "\n".join([self.prelude, *body]).strip()
+
+    def tolerance_for(self, metric: str) -> float:
+        best = ""
+        for prefix in self.tolerance:
+            if metric.startswith(prefix) and len(prefix) > len(best):
+                best = prefix
+        return self.tolerance[best] if best else 0.0
+
+
+TABLES: dict[str, Table] = {}
+
+
+def register(table: Table) -> Table:
+    TABLES[table.name] = table
+    return table
+
+
+def commands_block(table: Table) -> Callable[[Results], str]:
+    def render(res: Results) -> str:
+        return (
+            "```bash\nD=../shared/data/mnist   # or $FEDCLOCK_DATA\n"
+            + table.command_text()
+            + "\n```"
+        )
+
+    return render
+
+
+def provenance(res: Results, pages: Path = PAGES) -> str:
+    m = res.meta
+    line = (
+        f"Stored results: [`results/{res.name}.csv`](results/{res.name}.csv), made by commit "
+        f"`{m.get('commit', '?')}` on {m.get('date', '?')} ({m.get('machine', '?')}, "
+        f"fedclock {m.get('fedclock', '?')}). `python scripts/reproductions.py rerun {res.name}` "
+        "re-runs its commands and reports each cell's drift from them."
+    )
+    if m.get("note"):
+        line += " " + m["note"]
+    if m.get("stale_since"):
+        line += (
+            f"\n\n**Stale:** `tests/golden` changed after these results were made (commit "
+            f"`{m['stale_since']}`), so the numbers may have moved; `python "
+            f"scripts/reproductions.py rerun {res.name}` re-measures them."
+        )
+    return line
+
+
+def goldens_moved_since(commit: str | None) -> str | None:
+    """The newest commit after ``commit`` that changed tests/golden (None: none, or no git)."""
+    if not commit or not (REPO / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(REPO),
+                "log",
+                "--format=%h",
+                "-1",
+                f"{commit}..HEAD",
+                "--",
+                "tests/golden",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
+
+
+# ----------------------------------------------------------------------------- pages
+def render_all(pages: Path = PAGES) -> dict[str, str]:
+    """Every block of every table: ``NAME/BLOCK`` → its text."""
+    out: dict[str, str] = {}
+    for table in TABLES.values():
+        if not (results_dir(pages) / f"{table.name}.csv").is_file():
+            continue
+        res = load(table.name, pages)
+        for block, render in table.blocks.items():
+            out[f"{table.name}/{block}"] = render(res).rstrip("\n")
+        out[f"{table.name}/provenance"] = provenance(res, pages)
+    return out
+
+
+def splice(text: str, blocks: dict[str, str], page: str) -> tuple[str, list[str]]:
+    """The page with every generated block replaced; and the problems (unknown blocks)."""
+    lines, out, problems = text.split("\n"), [], []
+    i = 0
+    while i < len(lines):
+        m = BEGIN.match(lines[i])
+        out.append(lines[i])
+        i += 1
+        if not m:
+            continue
+        j = i
+        while j < len(lines) and lines[j] != END and not BEGIN.match(lines[j]):
+            j += 1
+        if j == len(lines) or lines[j] != END:
+            problems.append(f"{page}: block {m['key']} has no '{END}' line")
+            out.extend(lines[i:])
+            break
+        key = m["key"]
+        if key in blocks:
+            out.extend(blocks[key].split("\n"))
+        else:
+            problems.append(f"{page}: block {key} names no stored table or block")
+            out.extend(lines[i:j])
+        out.append(END)
+        i = j + 1
+    return "\n".join(out), problems
+
+
+def check(pages: Path = PAGES, write: bool = False) -> list[str]:
+    """Regenerate every page's blocks; the differences (and, with ``write``, rewrite them)."""
+    blocks = render_all(pages)
+    problems: list[str] = []
+    used: set[str] = set()
+    for page in sorted(pages.glob("*.md")):
+        text = page.read_text()
+        used |= {m["key"] for m in map(BEGIN.match, text.split("\n")) if m}
+        new, bad = splice(text, blocks, page.name)
+        problems += bad
+        if new != text:
+            if write and not bad:  # a page with a broken marker is left as it is
+                page.write_text(new)
+            else:
+                problems.append(f"{page.name}: generated blocks differ from the stored results")
+                problems += _first_difference(text, new, page.name)
+    for table in TABLES.values():
+        if (results_dir(pages) / f"{table.name}.csv").is_file():
+            meta = load(table.name, pages).meta
+            moved = goldens_moved_since(meta.get("commit"))
+            if moved and not meta.get("stale_since"):
+                problems.append(
+                    f"{table.page}: the results of {table.name} predate commit {moved}, which "
+                    f"changed tests/golden: re-run them (rerun, then collect) or mark them stale "
+                    f"(python scripts/reproductions.py mark-stale {table.name} {moved})"
+                )
+            missing = [k for k in blocks if k.startswith(table.name + "/") and k not in used]
+            problems += [f"{table.page}: block {k} is not on the page" for k in missing]
+    return problems
+
+
+def _first_difference(old: str, new: str, page: str) -> list[str]:
+    for n, (a, b) in enumerate(zip(old.split("\n"), new.split("\n"), strict=False), 1):
+        if a != b:
+            return [f"  {page}:{n}: page has  {a[:150]}", f"  {page}:{n}: results give {b[:150]}"]
+    return [f"  {page}: the pages differ in length"]
+
+
+# ----------------------------------------------------------------------------- commands
+def git_head() -> str:
+    try:
+        return subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short=7", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+
+
+def collect(name: str, root: Path, commit: str | None, note: str | None, pages: Path) -> Results:
+    table = TABLES[name]
+    values = table.collect(root)
+    if not values:
+        raise SystemExit(f"error: no finished runs of table {name!r} under {root}.")
+    from importlib.metadata import version
+
+    meta = {
+        "table": name,
+        "commit": commit or git_head(),
+        "date": dt.date.today().isoformat(),
+        "machine": machine(),
+        "fedclock": version("fedclock"),
+        "commands": table.command_text(),
+    }
+    if note:
+        meta["note"] = note
+    res = Results(name, values, meta)
+    save(res, pages)
+    return res
+
+
+def drift(table: Table, stored: Results, new: dict[Key, float]) -> tuple[list[list[str]], bool]:
+    """Per (cell, seed, metric) in both: stored, rerun, difference; and whether any exceeds
+    the table's tolerance."""
+    rows, over = [], False
+    for key in sorted(set(stored.values) & set(new)):
+        a, b = stored.values[key], new[key]
+        d = b - a
+        tol = table.tolerance_for(key[2])
+        bad = (math.isnan(a) != math.isnan(b)) or (not math.isnan(d) and abs(d) > tol + 1e-12)
+        over |= bad
+        if bad or d != 0:
+            rows.append(
+                [
+                    key[0],
+                    str(key[1]),
+                    key[2],
+                    f"{a:.6g}",
+                    f"{b:.6g}",
+                    f"{d:+.3g}",
+                    f"{tol:g}",
+                    "over" if bad else "ok",
+                ]
+            )
+    return rows, over
+
+
+def rerun(
+    name: str, out: Path, seeds: str | None, data: str, dry: bool, only: list[int] | None = None
+) -> int:
+    """Run ``name``'s commands into ``out``, collect them and print each stored number's
+    drift; 1 if any exceeds the table's tolerance."""
+    table = TABLES[name]
+    if only and not all(1 <= i <= len(table.commands) for i in only):
+        raise SystemExit(f"error: {name} has commands 1 to {len(table.commands)}.")
+    script = f"set -e\nD={shlex.quote(data)}\n" + table.command_text(str(out), seeds, only)
+    print(script)
+    if dry:
+        return 0
+    stored = load(name)
+    # one thread, as the stored runs: a two-thread reduction rounds differently (cis.md)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    env = dict(os.environ, PATH=path, OMP_NUM_THREADS="1")
+    subprocess.run(["bash", "-c", script], cwd=REPO, check=True, env=env)
+    new = table.collect(out)
+    rows, over = drift(table, stored, new)
+    n = len(set(stored.values) & set(new))
+    print(f"\n{name}: {n} stored numbers re-measured; {len(rows)} differ")
+    if rows:
+        print(
+            table_md(["cell", "seed", "metric", "stored", "rerun", "drift", "tolerance", ""], rows)
+        )
+    return 1 if over else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("check", help="fail if a page's generated blocks differ from the results")
+    sub.add_parser("write", help="rewrite the pages' generated blocks from the results")
+    sub.add_parser("list", help="the tables, their pages, commits and dates")
+    c = sub.add_parser("collect", help="store a table's results from its run folders")
+    c.add_argument("name", choices=sorted(TABLES))
+    c.add_argument("root", type=Path, help="the folder the commands' {root} was (e.g. runs)")
+    c.add_argument("--commit", help="the commit whose code made the runs (default: HEAD)")
+    c.add_argument("--note", help="a sentence on how the runs were made, shown on the page")
+    st = sub.add_parser("mark-stale", help="say on the page that goldens moved after a table")
+    st.add_argument("name", choices=sorted(TABLES))
+    st.add_argument("commit", help="the commit that changed tests/golden")
+    r = sub.add_parser("rerun", help="re-run a table's commands and report the drift per cell")
+    r.add_argument("name", choices=sorted(TABLES))
+    r.add_argument("--seeds", help="comma-separated seeds (default: the table's)")
+    r.add_argument("--out", type=Path, help="where the runs go (default: runs/rerun-NAME)")
+    r.add_argument("--data", default=os.environ.get("FEDCLOCK_DATA", "../shared/data/mnist"))
+    r.add_argument("--dry-run", action="store_true", help="print the commands only")
+    r.add_argument(
+        "--command",
+        type=int,
+        action="append",
+        metavar="N",
+        help="run only the N-th command (from 1; repeatable)",
+    )
+    args = ap.parse_args(argv)
+
+    if args.cmd in ("check", "write"):
+        problems = check(write=args.cmd == "write")
+        for p in problems:
+            print(p, file=sys.stderr)
+        if not problems:
+            n = len(render_all())
+            print(
+                f"{n} generated blocks match their stored results"
+                if args.cmd == "check"
+                else f"{n} generated blocks written"
+            )
+        return 1 if problems else 0
+    if args.cmd == "list":
+        for t in TABLES.values():
+            path = results_dir(PAGES) / f"{t.name}.csv"
+            meta = load(t.name).meta if path.is_file() else {}
+            print(
+                f"{t.name:24} {t.page:12} {meta.get('commit', 'not stored'):9} "
+                f"{meta.get('date', '')}"
+            )
+        return 0
+    if args.cmd == "collect":
+        res = collect(args.name, args.root, args.commit, args.note, PAGES)
+        print(f"{len(res.values)} numbers stored in docs/reproductions/results/{args.name}.csv")
+        return 0
+    if args.cmd == "mark-stale":
+        res = load(args.name)
+        res.meta["stale_since"] = args.commit
+        save(res)
+        print(
+            f"{args.name} marked stale since {args.commit}; now run: scripts/reproductions.py write"
+        )
+        return 0
+    out = args.out or REPO / "runs" / f"rerun-{args.name}"
+    return rerun(args.name, out, args.seeds, args.data, args.dry_run, args.command)
+
+
+# ============================================================================= Fed-RAA
+# The paper's Tables 2 and 5 (MNIST): time to 93 % (s) and, Table 5, the accuracy and time
+# at which it reads each method — every "Time (s)" of Table 5 is 3.000× the method's Table 2
+# time, so Table 5 is each method's accuracy at 3× its own time to 93 %.
+FEDRAA_METHODS = ("fed-raa", "fedasync", "fedavg", "fedprox", "prunefl", "ram-fed", "splitfed")
+FEDRAA_NAMES = {
+    "fed-raa": "Fed-RAA",
+    "fedasync": 'FedAsync ("FedSync")',
+    "fedavg": "FedAvg",
+    "fedprox": "FedProx",
+    "prunefl": 'PruneFL ("FedPrun")',
+    "ram-fed": "RAM-Fed",
+    "splitfed": 'SplitFed ("SplitFL")',
+}
+#: method → (Table 2 time to 93 %, Table 5 accuracy %, Table 5 time) on MNIST
+FEDRAA_PAPER = {
+    "fedavg": (406.35, 96.35, 1219.05),
+    "fedasync": (242.46, 96.50, 727.38),
+    "fedprox": (866.40, 96.40, 2599.20),
+    "prunefl": (776.82, 94.13, 2330.46),
+    "splitfed": (840.15, 95.30, 2520.45),
+    "ram-fed": (808.96, 96.55, 2426.88),
+    "fed-raa": (91.06, 93.86, 273.18),
+}
+FEDRAA_TARGET = 0.93
+FEDRAA_COMMON = 1200.0  # the common-time view: every method at 1200 virtual s
+
+
+def fedraa_collect(prefix: str) -> Callable[[Path], dict[Key, float]]:
+    """Per run under ``ROOT/<prefix>-*``: time to 93 %, the accuracy and server steps at 3×
+    that time and at 1200 s. The cell is the strategy, with the folder's ``@suffix`` if its
+    name has one (an ablation of the same strategy, e.g. ``t5r-fed-raa@one``)."""
+    return lambda root: _fedraa_collect(root, prefix)
+
+
+def _fedraa_collect(root: Path, prefix: str) -> dict[Key, float]:
+    out: dict[Key, float] = {}
+    for run, seed in seed_dirs(root, f"{prefix}-*/runs/*/seed-*"):
+        folder = run.parent.parent.parent.name
+        cell = run.parent.name + ("@" + folder.split("@", 1)[1] if "@" in folder else "")
+        rows, end = read_metrics(run), run_end(run)
+        t = time_to(rows, FEDRAA_TARGET)
+        values = {"t93": t, "end": end}
+        reads = (("3t", 3 * t), ("common", FEDRAA_COMMON), ("100", 100.0), ("150", 150.0))
+        for label, when in reads:
+            values[f"acc@{label}"] = at(rows, when, end=end)
+            values[f"steps@{label}"] = at(rows, when, "aggregation", end=end)
+        for k, v in values.items():
+            out[(cell, seed, k)] = v
+    return out
+
+
+def _fedraa_seeds(res: Results) -> list[int]:
+    return res.seeds("fedavg") or res.seeds("fed-raa")
+
+
+def fedraa_protocol(res: Results) -> str:
+    seeds = _fedraa_seeds(res)
+    header = [
+        "method",
+        "time to 93 % (s), seeds " + slash(map(str, seeds)),
+        "read at 3× (s)",
+        "accuracy there (%)",
+        "mean ± sd",
+        "− FedAvg's at its 3× (points)",
+        "paper: accuracy (%) at its 3× (s)",
+    ]
+    base = res.per_seed("fedavg", "acc@3t", seeds)
+    rows = []
+    for m in FEDRAA_METHODS:
+        acc = res.per_seed(m, "acc@3t", seeds)
+        t = res.per_seed(m, "t93", seeds)
+        diff = [100 * (a - b) for a, b in zip(acc, base, strict=True)]
+        paper = FEDRAA_PAPER[m]
+        rows.append(
+            [
+                FEDRAA_NAMES[m],
+                slash(num(x) for x in t),
+                slash(num(3 * x) for x in t),
+                slash(pct(a) for a in acc),
+                mean_sd(acc),
+                "0" if m == "fedavg" else slash(signed(d) for d in diff),
+                f"{paper[1]:.2f} at {paper[2]:,.0f}",
+            ]
+        )
+    return table_md(header, rows)
+
+
+def fedraa_common(res: Results) -> str:
+    seeds = _fedraa_seeds(res)
+    header = [
+        "method",
+        f"accuracy at {FEDRAA_COMMON:,.0f} s (%), seeds " + slash(map(str, seeds)),
+        "mean ± sd",
+        "− FedAvg's (points)",
+        "server steps",
+    ]
+    base = res.per_seed("fedavg", "acc@common", seeds)
+    rows = []
+    for m in FEDRAA_METHODS:
+        acc = res.per_seed(m, "acc@common", seeds)
+        steps = res.per_seed(m, "steps@common", seeds)
+        diff = [100 * (a - b) for a, b in zip(acc, base, strict=True)]
+        rows.append(
+            [
+                FEDRAA_NAMES[m],
+                slash(pct(a) for a in acc),
+                mean_sd(acc),
+                "0" if m == "fedavg" else slash(signed(d) for d in diff),
+                slash(num(s) for s in steps),
+            ]
+        )
+    return table_md(header, rows)
+
+
+def fedraa_table2(res: Results) -> str:
+    seeds = _fedraa_seeds(res)
+    header = [
+        "method",
+        "time to 93 % (s), mean ± sd",
+        "per seed",
+        "ratio to Fed-RAA (paired, per seed)",
+        "paper: time (s), ratio",
+    ]
+    ref = res.per_seed("fed-raa", "t93", seeds)
+    rows = []
+    for m in FEDRAA_METHODS:
+        t = res.per_seed(m, "t93", seeds)
+        ratios = [a / b for a, b in zip(t, ref, strict=True)]
+        ok = [r for r in ratios if not math.isnan(r)]
+        ratio = (
+            "1"
+            if m == "fed-raa"
+            else (
+                f"{statistics.mean(ok):.2f} ({slash(fmt_ratio(x) for x in ratios)})" if ok else "—"
+            )
+        )
+        paper = FEDRAA_PAPER[m][0]
+        rows.append(
+            [
+                FEDRAA_NAMES[m],
+                mean_sd(t, scale=1.0, digits=1),
+                slash(num(x) for x in t),
+                ratio,
+                f"{paper:.2f}, {paper / FEDRAA_PAPER['fed-raa'][0]:.1f}",
+            ]
+        )
+    return table_md(header, rows)
+
+
+def _verdict_row(claim: str, diffs: list[float], paper: float, unit: str = "points") -> list[str]:
+    expected = 1 if paper > 0 else -1
+    v = sign_verdict(diffs, expected)
+    return [claim, f"{signed(paper)} {unit}", spread(diffs), f"**{v}**"]
+
+
+def fedraa_verdicts(res: Results) -> str:
+    seeds = _fedraa_seeds(res)
+    base = res.per_seed("fedavg", "acc@3t", seeds)
+    rows = []
+    for m in ("fed-raa", "prunefl", "splitfed", "ram-fed", "fedasync"):
+        acc = res.per_seed(m, "acc@3t", seeds)
+        diffs = [100 * (a - b) for a, b in zip(acc, base, strict=True)]
+        paper = FEDRAA_PAPER[m][1] - FEDRAA_PAPER["fedavg"][1]
+        rel = "below" if paper < 0 else "above"
+        rows.append(_verdict_row(f"{FEDRAA_NAMES[m]} ends {rel} FedAvg", diffs, paper))
+    # Fed-RAA lowest of the seven: its margin below the next-lowest method, per seed
+    margins = []
+    for s in seeds:
+        own = res.get("fed-raa", s, "acc@3t")
+        others = [res.get(m, s, "acc@3t") for m in FEDRAA_METHODS if m != "fed-raa"]
+        margins.append(100 * (min(others) - own))
+    paper_margin = (
+        min(v[1] for k, v in FEDRAA_PAPER.items() if k != "fed-raa") - FEDRAA_PAPER["fed-raa"][1]
+    )
+    rows.append(
+        _verdict_row("Fed-RAA the lowest of the seven (margin to the next)", margins, paper_margin)
+    )
+    header = [
+        "claim (Table 5, each method at 3× its own time to 93 %)",
+        "paper",
+        "ours: paired difference, mean ± sd (per seed)",
+        "sign in every seed",
+    ]
+    return table_md(header, rows)
+
+
+def fedraa_t2_verdicts(res: Results) -> str:
+    seeds = _fedraa_seeds(res)
+    ref = res.per_seed("fed-raa", "t93", seeds)
+    rows = []
+    fa = res.per_seed("fedavg", "t93", seeds)
+    ratios = [a / b for a, b in zip(fa, ref, strict=True)]
+    rows.append(
+        [
+            "Fed-RAA ≤ FedAvg / 3 (ratio FedAvg ÷ Fed-RAA ≥ 3)",
+            f"{FEDRAA_PAPER['fedavg'][0] / FEDRAA_PAPER['fed-raa'][0]:.2f}",
+            slash(fmt_ratio(x) for x in ratios),
+            f"**{sign_verdict([r - 3 for r in ratios], 1)}**",
+        ]
+    )
+    for m in ("fedasync", "fedprox", "prunefl", "ram-fed", "splitfed"):
+        t = res.per_seed(m, "t93", seeds)
+        r = [a / b for a, b in zip(t, ref, strict=True)]
+        rows.append(
+            [
+                f"Fed-RAA faster than {FEDRAA_NAMES[m]} (its time ÷ Fed-RAA's > 1)",
+                f"{FEDRAA_PAPER[m][0] / FEDRAA_PAPER['fed-raa'][0]:.2f}",
+                slash(fmt_ratio(x) for x in r),
+                f"**{sign_verdict([x - 1 for x in r], 1)}**",
+            ]
+        )
+    for m in ("prunefl", "ram-fed", "splitfed"):
+        t = res.per_seed(m, "t93", seeds)
+        r = [a / b for a, b in zip(t, fa, strict=True)]
+        rows.append(
+            [
+                f"{FEDRAA_NAMES[m]} slower than FedAvg (its time ÷ FedAvg's > 1)",
+                f"{FEDRAA_PAPER[m][0] / FEDRAA_PAPER['fedavg'][0]:.2f}",
+                slash(fmt_ratio(x) for x in r),
+                f"**{sign_verdict([x - 1 for x in r], 1)}**",
+            ]
+        )
+    header = ["claim (Table 2, time to 93 %)", "paper ratio", "ours, per seed", "in every seed"]
+    return table_md(header, rows)
+
+
+def size_verdict(diffs: list[float], paper: float) -> str:
+    """Whether the paper's difference is within our paired differences' reach: |mean − paper|
+    ≤ max(2·sd, 0.5 points)."""
+    d = [x for x in diffs if not math.isnan(x)]
+    if len(d) < 2:
+        return "not measured"
+    reach = max(2 * statistics.stdev(d), 0.5)
+    return "reproduced" if abs(statistics.mean(d) - paper) <= reach else "not reproduced"
+
+
+def _range(values: list[float], scale: float = 100.0, digits: int = 2) -> str:
+    v = [scale * x for x in values if not math.isnan(x)]
+    if not v:
+        return "—"
+    lo, hi = min(v), max(v)
+    return f"{lo:.{digits}f}" if lo == hi else f"{lo:.{digits}f}–{hi:.{digits}f}"
+
+
+def fedraa_summary(res: Results) -> str:
+    seeds = _fedraa_seeds(res)
+    raa, avg = (res.per_seed(m, "acc@3t", seeds) for m in ("fed-raa", "fedavg"))
+    t_raa, t_avg = (res.per_seed(m, "t93", seeds) for m in ("fed-raa", "fedavg"))
+    diffs = [100 * (a - b) for a, b in zip(raa, avg, strict=True)]
+    if all(math.isnan(d) for d in diffs):
+        return (
+            "- Not measured: Fed-RAA and FedAvg have not both been run past 3× their time to "
+            "93 % in this setting (the commands below)."
+        )
+    paper = FEDRAA_PAPER["fed-raa"][1] - FEDRAA_PAPER["fedavg"][1]
+    means = {
+        m: statistics.mean(v)
+        for m in FEDRAA_METHODS
+        if (v := [x for x in res.per_seed(m, "acc@3t", seeds) if not math.isnan(x)])
+    }
+    lines = [
+        f"- **Read as the paper reads it** (each method at 3× its own time to 93 %), Fed-RAA "
+        f"reads {mean_sd(raa)} % at {_range([3 * t for t in t_raa], 1, 0)} s and FedAvg "
+        f"{mean_sd(avg)} % at {_range([3 * t for t in t_avg], 1, 0)} s: Fed-RAA − FedAvg = "
+        f"{spread(diffs)} points (seeds {slash(map(str, seeds))}), the paper "
+        f"{signed(paper)}. The sign of the paper's deficit **{sign_verdict(diffs, -1)}** in "
+        f"every seed; its size is **{size_verdict(diffs, paper)}** "
+        "(rule: |mean − paper| ≤ max(2 sd, 0.5 points)).",
+    ]
+    if means:
+        lo, hi = min(means, key=means.get), max(means, key=means.get)
+        lines.append(
+            f"- The seven methods at their own 3× span {100 * means[lo]:.2f} % "
+            f"({FEDRAA_NAMES[lo].split(' (')[0]}) to {100 * means[hi]:.2f} % "
+            f"({FEDRAA_NAMES[hi].split(' (')[0]}), means over "
+            f"the seeds; the paper's span 93.86 % (Fed-RAA) to 96.55 % (RAM-Fed)."
+        )
+    common = [
+        100 * (a - b)
+        for a, b in zip(
+            res.per_seed("fed-raa", "acc@common", seeds),
+            res.per_seed("fedavg", "acc@common", seeds),
+            strict=True,
+        )
+    ]
+    if any(not math.isnan(x) for x in common):
+        lines.append(
+            f"- At a common {FEDRAA_COMMON:,.0f} virtual s (the reading this page used before "
+            f"issue 41, a second view), Fed-RAA − FedAvg = {spread(common)} points: it asks "
+            "which method is further along at one time, not the paper's question."
+        )
+    return "\n".join(lines)
+
+
+_T5 = "fedclock compare --preset fedraa-table2-mnist --data-dir {data} --seeds {seeds} $C"
+FEDRAA_T5_PAPER = register(
+    Table(
+        name="fedraa-t5-paper",
+        page="fed-raa.md",
+        seeds=(1, 2, 3),
+        prelude='C="--jobs 1 --batch-runs 1 -q --set executor.threads=1"',
+        commands=(
+            _T5 + " --strategies fed-raa --out {root}/t5p-fed-raa",
+            _T5 + " --strategies fedasync --out {root}/t5p-fedasync",
+            _T5 + " --strategies fedavg,fedprox --out {root}/t5p-fedavg",
+            _T5 + " --strategies splitfed --set budget.virtual_time=2200 --out {root}/t5p-splitfed",
+            _T5 + " --strategies ram-fed --set budget.virtual_time=380 --out {root}/t5p-ram-fed",
+            _T5 + " --strategies prunefl --set budget.virtual_time=340 --out {root}/t5p-prunefl",
+        ),
+        collect=fedraa_collect("t5p"),
+        blocks={
+            "summary": fedraa_summary,
+            "protocol": fedraa_protocol,
+            "common": fedraa_common,
+            "verdicts": fedraa_verdicts,
+            "table2": fedraa_table2,
+            "table2-verdicts": fedraa_t2_verdicts,
+        },
+        tolerance={"acc": 0.002, "t93": 2.0, "steps": 2.0, "end": 1.0},
+    )
+)
+
+
+FEDRAA_ABLATIONS = {
+    "fed-raa": "Fed-RAA, a = (n_i/n)·s (the authors' update)",
+    "fed-raa@share": "… a = n_i/n (no duration discount)",
+    "fed-raa@discount": "… a = s (no data share)",
+    "fed-raa@one": "… a = 1 (the whole Δ)",
+    "fedasync": "FedAsync, α = 0.6, constant s",
+    "fedasync@polynomial": "FedAsync, α·(1 + staleness)^−0.5",
+}
+
+
+def fedraa_ablation(res: Results) -> str:
+    seeds = _fedraa_seeds(res)
+    header = [
+        "variant (reference population)",
+        "time to 93 % (s), seeds " + slash(map(str, seeds)),
+        "mean ± sd",
+        "ratio to Fed-RAA's (paired)",
+        "accuracy at 100 s (%)",
+        "accuracy at 150 s (%)",
+    ]
+    ref = res.per_seed("fed-raa", "t93", seeds)
+    rows = []
+    for cell, label in FEDRAA_ABLATIONS.items():
+        t = res.per_seed(cell, "t93", seeds)
+        ratios = [a / b for a, b in zip(t, ref, strict=True)]
+        ok = [r for r in ratios if not math.isnan(r)]
+        rows.append(
+            [
+                label,
+                slash(num(x) for x in t),
+                mean_sd(t, scale=1.0, digits=1),
+                f"{statistics.mean(ok):.2f} ({slash(fmt_ratio(x) for x in ratios)})" if ok else "—",
+                mean_sd(res.per_seed(cell, "acc@100", seeds)),
+                mean_sd(res.per_seed(cell, "acc@150", seeds)),
+            ]
+        )
+    return table_md(header, rows)
+
+
+def fedraa_ablation_summary(res: Results) -> str:
+    """One sentence per ablation: its time to 93 % against the authors' update's, paired."""
+    seeds = _fedraa_seeds(res)
+    ref = res.per_seed("fed-raa", "t93", seeds)
+    fa = res.per_seed("fedasync", "t93", seeds)
+    lines = []
+    for cell in ("fed-raa@share", "fed-raa@discount", "fed-raa@one", "fedasync@polynomial"):
+        t = res.per_seed(cell, "t93", seeds)
+        if all(math.isnan(x) for x in t):
+            continue
+        base, name = (
+            (fa, "FedAsync's constant α")
+            if cell.startswith("fedasync")
+            else (ref, "the authors' a = (n_i/n)·s")
+        )
+        ratios = [a / b for a, b in zip(t, base, strict=True)]
+        lines.append(
+            f"- {FEDRAA_ABLATIONS[cell].lstrip('… ')}: 93 % at {slash(num(x) for x in t)} s, "
+            f"{slash(fmt_ratio(x) for x in ratios)}× the time with {name} (seeds "
+            f"{slash(map(str, seeds))})."
+        )
+    return "\n".join(lines)
+
+
+_REF = (
+    "fedclock compare --preset fedraa-table2-mnist --data-dir {data} --seeds {seeds} $C "
+    "--set 'population.capabilities=[1,5]' --set population.up_bandwidth=null "
+    "--set population.down_bandwidth=null"
+)
+_RAA_REF = _REF + " --strategies fed-raa --set strategy.mode=reference"
+FEDRAA_T5_REFERENCE = register(
+    Table(
+        name="fedraa-t5-reference",
+        page="fed-raa.md",
+        seeds=(1, 2, 3),
+        prelude='C="--jobs 1 --batch-runs 1 -q --set executor.threads=1"',
+        commands=(
+            _RAA_REF + " --set budget.virtual_time=300 --out {root}/t5r-fed-raa",
+            _REF + " --strategies fedasync --set budget.virtual_time=150 --out {root}/t5r-fedasync",
+            _REF
+            + " --strategies fedavg,fedprox --set budget.virtual_time=650 --out {root}/t5r-fedavg",
+            *(
+                _RAA_REF + f" --set strategy.reference_weight={w} --set budget.virtual_time=150 "
+                f"--out {{root}}/t5r-fed-raa@{w}"
+                for w in ("share", "discount", "one")
+            ),
+            _REF + " --strategies fedasync --set strategy.staleness=polynomial "
+            "--set budget.virtual_time=150 --out {root}/t5r-fedasync@polynomial",
+            _REF + " --strategies splitfed,ram-fed,prunefl --set budget.virtual_time=700 "
+            "--out {root}/t5r-others",
+        ),
+        collect=fedraa_collect("t5r"),
+        blocks={
+            "summary": fedraa_summary,
+            "protocol": fedraa_protocol,
+            "verdicts": fedraa_verdicts,
+            "table2": fedraa_table2,
+            "table2-verdicts": fedraa_t2_verdicts,
+            "ablation": fedraa_ablation,
+            "ablation-summary": fedraa_ablation_summary,
+        },
+        tolerance={"acc": 0.002, "t93": 2.0, "steps": 2.0, "end": 1.0},
+    )
+)
+
+
+# ============================================================================= CIS
+# Table 1 (equal split, 4-2-1 tree): the routed CIS accuracy of each weighting at the serving
+# rates 80-15-5 and 5-15-80, in three settings: Algorithm 1 as printed (paper mode), the
+# authors' aggregation of the root alone (root_in_place), and the authors' code (reference).
+CIS_SETTINGS = {
+    "paper": "paper mode (Algorithm 1)",
+    "root": "`root_in_place=true` alone",
+    "ref": "reference mode (the authors' code)",
+}
+CIS_WEIGHTINGS = {
+    "cis-serving": "Serving Rate",
+    "cis-equal": "Equal Weight",
+    "cis-flops": "FLOPS Prop",
+    "cis-balanced": "Balanced Adj",
+}
+CIS_SERVING = {"80-15-5": (0.80, 0.15, 0.05), "5-15-80": (0.05, 0.15, 0.80)}
+#: the paper's Table 1 on CIFAR-10 (mean, sd) at 80-15-5 and 5-15-80
+CIS_PAPER = {
+    "cis-equal": ((49.9, 1.2), (85.1, 0.4)),
+    "cis-flops": ((32.1, 3.7), (86.3, 0.6)),
+    "cis-serving": ((54.2, 2.4), (86.7, 0.5)),
+    "cis-balanced": ((53.4, 2.2), (87.6, 0.5)),
+}
+EXITS = ("exit1_accuracy", "exit2_accuracy", "exit3_accuracy")
+
+
+def cis_collect(root: Path) -> dict[Key, float]:
+    """Per run: the routed CIS accuracy, each exit's accuracy on the whole test set, and the
+    unrouted serving-weighted accuracy Σ_e s_e·acc_e, at each serving rate it was read at
+    (Equal and FLOPS train the same at any rate: one run, read at both)."""
+    out: dict[Key, float] = {}
+    for setting in CIS_SETTINGS:
+        for run, seed in seed_dirs(root / f"cis-t1-{setting}", "runs/*/*/seed-*"):
+            summary = json.loads((run / "summary.json").read_text())
+            strategy, grid = run.parent.parent.name, run.parent.name
+            trained_at = grid.removeprefix("cis.serving=")
+            exits = [float(summary[e]) for e in EXITS]
+            for rate, shares in CIS_SERVING.items():
+                key = "cis_accuracy" if rate == trained_at else f"cis_accuracy_{rate}"
+                if key not in summary:
+                    continue
+                cell = f"{setting}/{strategy}/{rate}"
+                out[(cell, seed, "cis")] = float(summary[key])
+                out[(cell, seed, "unrouted")] = sum(
+                    a * b for a, b in zip(shares, exits, strict=True)
+                )
+                for i, e in enumerate(exits, 1):
+                    out[(cell, seed, f"exit{i}")] = e
+    return out
+
+
+def _cis_seeds(res: Results) -> list[int]:
+    return res.seeds("paper/cis-equal/80-15-5") or sorted({s for _, s, _ in res.values})
+
+
+CIS_SHORT = {"paper": "paper mode", "root": "`root_in_place`", "ref": "reference mode"}
+
+
+def _cis_table(res: Results, metric: str, with_paper: bool) -> str:
+    """mean ± sd over the seeds of every weighting × setting × serving rate (the paper's
+    CIFAR-10 column beside the routed accuracy)."""
+    seeds = _cis_seeds(res)
+    header = ["weighting"]
+    for rate in CIS_SERVING:
+        header += [f"paper {rate} (CIFAR-10)"] * with_paper
+        header += [f"{rate}, {CIS_SHORT[k]}" for k in CIS_SETTINGS]
+    rows = []
+    for w, label in CIS_WEIGHTINGS.items():
+        row = [f"{label} (`{w}`)"]
+        for i, rate in enumerate(CIS_SERVING):
+            p = CIS_PAPER[w][i]
+            row += [f"{p[0]:.1f} ± {p[1]:.1f}"] * with_paper
+            row += [
+                mean_sd(res.per_seed(f"{k}/{w}/{rate}", metric, seeds), digits=1)
+                for k in CIS_SETTINGS
+            ]
+        rows.append(row)
+    return table_md(header, rows)
+
+
+def cis_table1(res: Results) -> str:
+    return _cis_table(res, "cis", with_paper=True)
+
+
+def cis_unrouted(res: Results) -> str:
+    return _cis_table(res, "unrouted", with_paper=False)
+
+
+def cis_per_seed(res: Results) -> str:
+    seeds = _cis_seeds(res)
+    header = ["setting", "weighting"] + [
+        f"{rate}, seeds {slash(map(str, seeds))}" for rate in CIS_SERVING
+    ]
+    header += [f"exits 1 / 2 / 3 at {rate} (mean)" for rate in CIS_SERVING]
+    rows = []
+    for k, name in CIS_SETTINGS.items():
+        for w, label in CIS_WEIGHTINGS.items():
+            row = [name, label]
+            row += [
+                slash(pct(v, 1) for v in res.per_seed(f"{k}/{w}/{rate}", "cis", seeds))
+                for rate in CIS_SERVING
+            ]
+            for rate in CIS_SERVING:
+                means = [
+                    statistics.mean(res.per_seed(f"{k}/{w}/{rate}", f"exit{i}", seeds))
+                    for i in (1, 2, 3)
+                ]
+                row.append(slash(pct(m, 1) for m in means))
+            rows.append(row)
+    return table_md(header, rows)
+
+
+#: the paper's claims of Table 1 as pairs: (rate, better, worse)
+CIS_CLAIMS = (
+    ("80-15-5", "cis-serving", "cis-equal"),
+    ("80-15-5", "cis-equal", "cis-flops"),
+    ("80-15-5", "cis-serving", "cis-balanced"),
+    ("5-15-80", "cis-balanced", "cis-equal"),
+)
+
+
+def cis_verdicts(res: Results) -> str:
+    seeds = _cis_seeds(res)
+    header = ["claim", "paper (CIFAR-10)"] + [
+        f"{name}: difference, points" for name in CIS_SETTINGS.values()
+    ]
+    rows = []
+    for metric, what in (("cis", "routed"), ("unrouted", "unrouted")):
+        for rate, a, b in CIS_CLAIMS:
+            i = list(CIS_SERVING).index(rate)
+            paper = CIS_PAPER[a][i][0] - CIS_PAPER[b][i][0]
+            row = [
+                f"{CIS_WEIGHTINGS[a]} > {CIS_WEIGHTINGS[b]} at {rate} ({what})",
+                signed(paper, 1),
+            ]
+            for k in CIS_SETTINGS:
+                d = [
+                    100 * (x - y)
+                    for x, y in zip(
+                        res.per_seed(f"{k}/{a}/{rate}", metric, seeds),
+                        res.per_seed(f"{k}/{b}/{rate}", metric, seeds),
+                        strict=True,
+                    )
+                ]
+                row.append(f"**{sign_verdict(d, 1)}**: {spread(d)}")
+            rows.append(row)
+    return table_md(header, rows)
+
+
+def cis_summary(res: Results) -> str:
+    seeds = _cis_seeds(res)
+    lines = []
+    for k, name in CIS_SETTINGS.items():
+        parts, chain = [], []
+        for a, b in (("cis-serving", "cis-equal"), ("cis-equal", "cis-flops")):
+            d = [
+                100 * (x - y)
+                for x, y in zip(
+                    res.per_seed(f"{k}/{a}/80-15-5", "cis", seeds),
+                    res.per_seed(f"{k}/{b}/80-15-5", "cis", seeds),
+                    strict=True,
+                )
+            ]
+            v = sign_verdict(d, 1)
+            chain.append(v)
+            parts.append(f"{CIS_WEIGHTINGS[a]} − {CIS_WEIGHTINGS[b]} {spread(d)} ({v})")
+        if all(math.isnan(x) for x in res.per_seed(f"{k}/cis-serving/80-15-5", "cis", seeds)):
+            continue
+        whole = (
+            "holds in every seed" if chain == ["holds", "holds"] else "does not hold in every seed"
+        )
+        lines.append(
+            f"- **{name}**, 80-15-5: {'; '.join(parts)} points: Serving > Equal > FLOPS "
+            f"**{whole}**."
+        )
+    return "\n".join(lines)
+
+
+_CIS = "fedclock sweep --preset cis-table1 --data-dir {data} --seeds {seeds} $C"
+CIS_T1 = register(
+    Table(
+        name="cis-t1",
+        page="cis.md",
+        seeds=(9, 42, 67),
+        prelude=(
+            'C="-j 1 --batch-runs 1 -q --set executor.threads=1 --set budget.aggregations=5 '
+            '--set eval.every_aggregations=1"'
+        ),
+        commands=tuple(
+            line
+            for k, x in (
+                ("root", " --set strategy.root_in_place=true"),
+                ("paper", ""),
+                ("ref", " --set strategy.mode=reference"),
+            )
+            for line in (
+                _CIS + f" --strategies cis-serving,cis-balanced{x} --out {{root}}/cis-t1-{k}",
+                _CIS + " --strategies cis-equal,cis-flops --over cis.serving=80-15-5 "
+                f"--set 'cis.also_serving=[5-15-80]'{x} --out {{root}}/cis-t1-{k}",
+            )
+        ),
+        collect=cis_collect,
+        blocks={
+            "summary": cis_summary,
+            "table": cis_table1,
+            "unrouted": cis_unrouted,
+            "per-seed": cis_per_seed,
+            "verdicts": cis_verdicts,
+        },
+        tolerance={"cis": 0.005, "unrouted": 0.005, "exit": 0.005},
+    )
+)
+
+
+CIS_ROUNDS = (1, 2, 3, 5, 10, 15, 20, 30, 40, 50, 60, 75, 90, 100)
+
+
+def cis_rounds_collect(root: Path) -> dict[Key, float]:
+    """Per run and evaluated round: the routed CIS accuracy and each exit's (Serving and
+    Equal at 80-15-5, paper mode and ``root_in_place``). An unfinished run gives the rounds
+    it reached: round r of a 100-round run does not depend on where the run stopped (the
+    cosine schedule is set by the budget, not by the stop)."""
+    out: dict[Key, float] = {}
+    for mode in ("paper", "root"):
+        for metrics in sorted((root / f"cis-100r-{mode}").glob("runs/*/*/seed-*/metrics.csv")):
+            run = metrics.parent
+            seed = int(run.name.removeprefix("seed-"))
+            cell = f"{mode}/{run.parent.parent.name}"
+            for row in read_metrics(run):
+                r = int(row["aggregation"])
+                if r == 0:
+                    continue
+                out[(cell, seed, f"cis@{r}")] = row["cis_accuracy"]
+                for i in (1, 2, 3):
+                    out[(cell, seed, f"exit{i}@{r}")] = row[f"exit{i}_accuracy"]
+    return out
+
+
+def _exit_means(res: Results, cell: str, r: int, seeds: list[int]) -> str:
+    """Exits 1 / 2 / 3 of ``cell`` at round ``r``, mean over the seeds that reached it."""
+    means = []
+    for i in (1, 2, 3):
+        vals = [v for v in res.per_seed(cell, f"exit{i}@{r}", seeds) if not math.isnan(v)]
+        means.append(statistics.mean(vals) if vals else math.nan)
+    return slash(pct(m, 1) for m in means)
+
+
+def cis_rounds(res: Results) -> str:
+    seeds = sorted({s for _, s, _ in res.values})
+    header = [
+        "setting",
+        "round",
+        "Serving CIS (%), seeds " + slash(map(str, seeds)),
+        "Equal CIS (%)",
+        "Serving − Equal (points)",
+        "Serving exits 1 / 2 / 3 (mean)",
+        "Equal exits 1 / 2 / 3 (mean)",
+    ]
+    rows = []
+    for mode in ("paper", "root"):
+        cells = [f"{mode}/cis-serving", f"{mode}/cis-equal"]
+        last = {max((_last_round(res, [c], s) for s in seeds), default=0) for c in cells}
+        for r in sorted(set(CIS_ROUNDS) | (last - {0})):
+            sv = res.per_seed(f"{mode}/cis-serving", f"cis@{r}", seeds)
+            eq = res.per_seed(f"{mode}/cis-equal", f"cis@{r}", seeds)
+            if all(math.isnan(v) for v in sv + eq):
+                continue
+            diff = [100 * (a - b) for a, b in zip(sv, eq, strict=True)]
+
+            rows.append(
+                [
+                    CIS_SETTINGS[mode],
+                    str(r),
+                    slash(pct(v, 1) for v in sv),
+                    slash(pct(v, 1) for v in eq),
+                    slash(signed(d, 1) for d in diff),
+                    _exit_means(res, f"{mode}/cis-serving", r, seeds),
+                    _exit_means(res, f"{mode}/cis-equal", r, seeds),
+                ]
+            )
+    return table_md(header, rows)
+
+
+def _last_round(res: Results, cells: list[str], seed: int) -> int:
+    """The last round every cell of ``cells`` reached in ``seed`` (0: none)."""
+    last = []
+    for cell in cells:
+        rounds = [
+            int(m.removeprefix("cis@"))
+            for c, s, m in res.values
+            if c == cell and s == seed and m.startswith("cis@")
+        ]
+        last.append(max(rounds, default=0))
+    return min(last)
+
+
+def cis_rounds_summary(res: Results) -> str:
+    """Per setting: Serving − Equal at 80-15-5 per seed at rounds 5 and 15 and at the last
+    round both reached, with Serving's exit 3 there."""
+    seeds = sorted({s for _, s, _ in res.values})
+    lines = []
+    for mode in ("paper", "root"):
+        sv, eq = f"{mode}/cis-serving", f"{mode}/cis-equal"
+        parts = []
+        for seed in seeds:
+            last = _last_round(res, [sv, eq], seed)
+            if last == 0:
+                continue
+            at_r = [
+                (r, 100 * (res.get(sv, seed, f"cis@{r}") - res.get(eq, seed, f"cis@{r}")))
+                for r in sorted({5, 15, last})
+                if r <= last
+            ]
+            diffs = [
+                res.get(sv, seed, f"cis@{r}") - res.get(eq, seed, f"cis@{r}")
+                for r in range(1, last + 1)
+            ]
+            ahead = next(
+                (r for r in range(1, last + 1) if all(d > 0 for d in diffs[r - 1 :])), None
+            )
+            parts.append(
+                f"seed {seed}: "
+                + ", ".join(f"{signed(d, 1)} at round {r}" for r, d in at_r)
+                + f" (Serving's exit 3 at round {last}: {pct(res.get(sv, seed, f'exit3@{last}'), 1)} %, "
+                f"Equal's {pct(res.get(eq, seed, f'exit3@{last}'), 1)} %); "
+                + (
+                    f"Serving ahead at every round from round {ahead} to {last}"
+                    if ahead
+                    else f"Equal ahead or level at round {last}"
+                )
+            )
+        if parts:
+            lines.append(
+                f"- **{CIS_SETTINGS[mode]}**, Serving − Equal (points): " + "; ".join(parts) + "."
+            )
+    return "\n".join(lines)
+
+
+_R100 = (
+    "fedclock sweep --preset cis-table1 --data-dir {data} --seeds {seeds} $C "
+    "--strategies cis-serving,cis-equal --over cis.serving=80-15-5"
+)
+CIS_100R = register(
+    Table(
+        name="cis-100r",
+        page="cis.md",
+        seeds=(9, 42, 67),
+        prelude=(
+            'C="-j 1 --batch-runs 1 -q --set executor.threads=1 --set budget.aggregations=100 '
+            '--set eval.every_aggregations=1"'
+        ),
+        commands=(
+            _R100 + " --set strategy.root_in_place=true --out {root}/cis-100r-root",
+            _R100 + " --out {root}/cis-100r-paper",
+        ),
+        collect=cis_rounds_collect,
+        blocks={"summary": cis_rounds_summary, "rounds": cis_rounds},
+        tolerance={"cis": 0.005, "exit": 0.005},
+    )
+)
+
+for _t in TABLES.values():
+    _t.blocks["commands"] = commands_block(_t)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

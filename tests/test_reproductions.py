@@ -1,0 +1,179 @@
+"""scripts/reproductions.py: every generated table of docs/reproductions/*.md matches its
+stored results, a changed stored number is caught, and the readings behind the tables
+(time to target, accuracy at 3× it, unrouted serving-weighted accuracy) by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.conftest import REPO, load_script
+
+rep = load_script("reproductions")
+
+
+def test_every_page_matches_its_stored_results() -> None:
+    """What CI runs: `python scripts/reproductions.py check` finds no difference."""
+    assert rep.check() == []
+    assert rep.main(["check"]) == 0
+    stored = sorted(p.stem for p in (rep.PAGES / "results").glob("*.csv"))
+    assert stored, "no table is generated from stored results"
+    for name in stored:  # every stored table has its blocks on its page
+        page = (rep.PAGES / rep.TABLES[name].page).read_text()
+        for block in rep.TABLES[name].blocks:
+            assert f"<!-- generated: {name}/{block} " in page, (name, block)
+
+
+def _copy_pages(tmp_path: Path) -> Path:
+    pages = tmp_path / "reproductions"
+    shutil.copytree(rep.PAGES, pages)
+    return pages
+
+
+def test_a_changed_stored_number_fails_the_check(tmp_path: Path) -> None:
+    pages = _copy_pages(tmp_path)
+    assert rep.check(pages) == []
+    name = sorted(p.stem for p in (pages / "results").glob("*.csv"))[0]
+    res = rep.load(name, pages)
+    page = rep.TABLES[name].page
+    # change one number that a block prints until the page text changes
+    for key, value in sorted(res.values.items()):
+        if math.isnan(value):
+            continue
+        changed = rep.Results(name, {**res.values, key: value + 0.37}, res.meta)
+        rep.save(changed, pages)
+        problems = rep.check(pages)
+        if problems:
+            break
+    else:
+        pytest.fail("no stored number changes the page")
+    assert problems[0] == f"{page}: generated blocks differ from the stored results"
+    assert any("results give" in p for p in problems)
+    # `write` brings the page back in line, and then `check` passes again
+    assert rep.check(pages, write=True) == []
+    assert rep.check(pages) == []
+
+
+def test_a_hand_edited_block_and_a_broken_marker_fail_the_check(tmp_path: Path) -> None:
+    pages = _copy_pages(tmp_path)
+    page = next(p for p in sorted(pages.glob("*.md")) if "<!-- generated: " in p.read_text())
+    text = page.read_text()
+    lines = text.split("\n")
+    i = next(n for n, line in enumerate(lines) if line.startswith("<!-- generated: "))
+    page.write_text("\n".join([*lines[: i + 1], "typed by hand", *lines[i + 1 :]]))
+    assert rep.check(pages)[0].endswith("generated blocks differ from the stored results")
+    page.write_text(text.replace("\n" + rep.END + "\n", "\n\n", 1))  # the first end line
+    assert any("has no" in p for p in rep.check(pages))
+    page.write_text(text + "\n<!-- generated: no-such-table/table (x) -->\n" + rep.END + "\n")
+    assert any("names no stored table" in p for p in rep.check(pages))
+
+
+def _run(folder: Path, rows: list[tuple[float, float, int]], end: float, **summary) -> Path:
+    folder.mkdir(parents=True)
+    lines = ["virtual_time,aggregation,test_accuracy"]
+    lines += [f"{t},{a},{acc}" for t, acc, a in rows]
+    (folder / "metrics.csv").write_text("\n".join(lines) + "\n")
+    (folder / "summary.json").write_text(
+        json.dumps({"status": "completed", "virtual_time": end, **summary})
+    )
+    return folder
+
+
+def test_fedraa_reading_by_the_papers_protocol(tmp_path: Path) -> None:
+    """Time to 93 % = the first evaluation at or above it; the accuracy at 3× that time is
+    the last evaluation at or before it (the model held then); at 1200 s likewise; a run
+    that ended before 3× its time gives no reading (NaN), not its last accuracy."""
+    rows = [(0.0, 0.1, 0), (20.0, 0.90, 1), (40.0, 0.931, 2), (100.0, 0.95, 3),
+            (119.0, 0.96, 4), (121.0, 0.97, 5), (1200.0, 0.98, 6)]  # fmt: skip
+    _run(tmp_path / "t5p-fedavg" / "runs" / "fedavg" / "seed-1", rows, end=1200.0)
+    _run(tmp_path / "t5p-x@one" / "runs" / "fed-raa" / "seed-1", rows[:5], end=119.0)
+    got = rep.TABLES["fedraa-t5-paper"].collect(tmp_path)
+    assert got[("fedavg", 1, "t93")] == 40.0
+    assert got[("fedavg", 1, "acc@3t")] == 0.96  # at 120 s: the evaluation of 119 s
+    assert got[("fedavg", 1, "steps@3t")] == 4
+    assert got[("fedavg", 1, "acc@common")] == 0.98
+    assert got[("fedavg", 1, "acc@100")] == 0.95
+    assert math.isnan(got[("fed-raa@one", 1, "acc@3t")])  # ended at 119 s < 120 s
+    assert got[("fed-raa@one", 1, "acc@100")] == 0.95
+
+
+def test_cis_unrouted_serving_weighted_accuracy_by_hand(tmp_path: Path) -> None:
+    """Σ_e s_e·acc_e with each exit's accuracy on the whole test set; an Equal run is read
+    at both serving rates (its routed 5-15-80 value from cis_accuracy_5-15-80)."""
+    exits = {"exit1_accuracy": 0.5, "exit2_accuracy": 0.7, "exit3_accuracy": 0.9}
+    base = tmp_path / "cis-t1-root" / "runs"
+    _run(base / "cis-equal" / "cis.serving=80-15-5" / "seed-9", [], end=1.0,
+         cis_accuracy=0.61, **{"cis_accuracy_5-15-80": 0.83}, **exits)  # fmt: skip
+    _run(base / "cis-serving" / "cis.serving=5-15-80" / "seed-9", [], end=1.0,
+         cis_accuracy=0.85, **exits)  # fmt: skip
+    got = rep.TABLES["cis-t1"].collect(tmp_path)
+    assert got[("root/cis-equal/80-15-5", 9, "cis")] == 0.61
+    assert got[("root/cis-equal/5-15-80", 9, "cis")] == 0.83
+    assert got[("root/cis-serving/5-15-80", 9, "cis")] == 0.85
+    assert ("root/cis-serving/80-15-5", 9, "cis") not in got
+    assert got[("root/cis-equal/80-15-5", 9, "unrouted")] == pytest.approx(
+        0.8 * 0.5 + 0.15 * 0.7 + 0.05 * 0.9, abs=1e-12
+    )
+    assert got[("root/cis-equal/5-15-80", 9, "unrouted")] == pytest.approx(
+        0.05 * 0.5 + 0.15 * 0.7 + 0.8 * 0.9, abs=1e-12
+    )
+
+
+@given(st.lists(st.floats(-50, 50, allow_nan=False), min_size=1))
+def test_sign_verdict(diffs: list[float]) -> None:
+    v = rep.sign_verdict(diffs, 1)
+    if all(abs(d) < 0.005 for d in diffs):
+        assert v == "level"
+    elif all(d > 0 for d in diffs):
+        assert v == "holds"
+    elif all(d < 0 for d in diffs):
+        assert v == "fails"
+    else:
+        assert v == "mixed"
+    assert rep.sign_verdict([math.nan], 1) == "not measured"
+
+
+def test_rerun_reports_drift_per_cell_against_the_tolerance() -> None:
+    table = rep.TABLES["fedraa-t5-paper"]
+    stored = rep.Results("x", {("fedavg", 1, "acc@3t"): 0.95, ("fedavg", 1, "t93"): 40.0})
+    rows, over = rep.drift(
+        table, stored, {("fedavg", 1, "acc@3t"): 0.951, ("fedavg", 1, "t93"): 40.0}
+    )
+    assert not over and [r[2] for r in rows] == ["acc@3t"]  # 0.001 ≤ 0.002: drift, within
+    rows, over = rep.drift(table, stored, {("fedavg", 1, "acc@3t"): 0.96})
+    assert over and rows[0][-1] == "over"
+
+
+def test_stored_results_name_their_commit_and_commands() -> None:
+    for path in sorted((REPO / "docs" / "reproductions" / "results").glob("*.json")):
+        meta = json.loads(path.read_text())
+        assert {"commit", "date", "machine", "commands", "fedclock"} <= set(meta), path
+        assert meta["commands"] == rep.TABLES[path.stem].command_text(), path
+
+
+def test_results_older_than_a_golden_change_must_be_rerun_or_marked_stale(tmp_path: Path) -> None:
+    """A table whose results were made before a commit that changed tests/golden fails the
+    check until it is marked stale (the page then says so, with that commit)."""
+    if rep.goldens_moved_since("f4c7ae6~1") is None:
+        pytest.skip("no git history here (a shallow clone or an export)")
+    pages = _copy_pages(tmp_path)
+    name = sorted(p.stem for p in (pages / "results").glob("*.csv"))[0]
+    res = rep.load(name, pages)
+    res.meta["commit"] = "f4c7ae6~1"  # the parent of a commit that re-recorded a golden
+    rep.save(res, pages)
+    problems = rep.check(pages)
+    assert any("changed tests/golden" in p and "mark-stale" in p for p in problems)
+    res.meta["stale_since"] = rep.goldens_moved_since("f4c7ae6~1")
+    rep.save(res, pages)
+    assert rep.check(pages, write=True) == []
+    page = (pages / rep.TABLES[name].page).read_text()
+    assert (
+        f"**Stale:** `tests/golden` changed after these results were made (commit `{res.meta['stale_since']}`)"
+        in page
+    )
