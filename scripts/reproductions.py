@@ -161,6 +161,13 @@ def fmt_ratio(v: float) -> str:
     return "—" if math.isnan(v) else f"{v:.2f}"
 
 
+def paired_ratio(values: list[float], base: list[float]) -> str:
+    """Seed-by-seed ratios values ÷ base: their mean, then each ("—" where one is missing)."""
+    ratios = [a / b for a, b in zip(values, base, strict=True)]
+    ok = [r for r in ratios if not math.isnan(r)]
+    return f"{statistics.mean(ok):.2f} ({slash(fmt_ratio(x) for x in ratios)})" if ok else "—"
+
+
 def signed(v: float, digits: int = 2) -> str:
     return "—" if math.isnan(v) else f"{v:+.{digits}f}".replace("-", "−")
 
@@ -670,15 +677,7 @@ def fedraa_table2(res: Results) -> str:
     rows = []
     for m in FEDRAA_METHODS:
         t = res.per_seed(m, "t93", seeds)
-        ratios = [a / b for a, b in zip(t, ref, strict=True)]
-        ok = [r for r in ratios if not math.isnan(r)]
-        ratio = (
-            "1"
-            if m == "fed-raa"
-            else (
-                f"{statistics.mean(ok):.2f} ({slash(fmt_ratio(x) for x in ratios)})" if ok else "—"
-            )
-        )
+        ratio = "1" if m == "fed-raa" else paired_ratio(t, ref)
         paper = FEDRAA_PAPER[m][0]
         rows.append(
             [
@@ -841,13 +840,16 @@ def fedraa_summary(res: Results) -> str:
     return "\n".join(lines)
 
 
+#: what both Fed-RAA tables share: one thread per run, and their tolerances
+FEDRAA_PRELUDE = 'C="--jobs 1 --batch-runs 1 -q --set executor.threads=1"'
+FEDRAA_TOLERANCE = {"acc": 0.002, "t93": 2.0, "steps": 2.0, "end": 1.0}
 _T5 = "fedclock compare --preset fedraa-table2-mnist --data-dir {data} --seeds {seeds} $C"
 FEDRAA_T5_PAPER = register(
     Table(
         name="fedraa-t5-paper",
         page="fed-raa.md",
         seeds=(1, 2, 3),
-        prelude='C="--jobs 1 --batch-runs 1 -q --set executor.threads=1"',
+        prelude=FEDRAA_PRELUDE,
         commands=(
             _T5 + " --strategies fed-raa --out {root}/t5p-fed-raa",
             _T5 + " --strategies fedasync --out {root}/t5p-fedasync",
@@ -865,7 +867,7 @@ FEDRAA_T5_PAPER = register(
             "table2": fedraa_table2,
             "table2-verdicts": fedraa_t2_verdicts,
         },
-        tolerance={"acc": 0.002, "t93": 2.0, "steps": 2.0, "end": 1.0},
+        tolerance=FEDRAA_TOLERANCE,
     )
 )
 
@@ -894,14 +896,12 @@ def fedraa_ablation(res: Results) -> str:
     rows = []
     for cell, label in FEDRAA_ABLATIONS.items():
         t = res.per_seed(cell, "t93", seeds)
-        ratios = [a / b for a, b in zip(t, ref, strict=True)]
-        ok = [r for r in ratios if not math.isnan(r)]
         rows.append(
             [
                 label,
                 slash(num(x) for x in t),
                 mean_sd(t, scale=1.0, digits=1),
-                f"{statistics.mean(ok):.2f} ({slash(fmt_ratio(x) for x in ratios)})" if ok else "—",
+                paired_ratio(t, ref),
                 mean_sd(res.per_seed(cell, "acc@100", seeds)),
                 mean_sd(res.per_seed(cell, "acc@150", seeds)),
             ]
@@ -944,7 +944,7 @@ FEDRAA_T5_REFERENCE = register(
         name="fedraa-t5-reference",
         page="fed-raa.md",
         seeds=(1, 2, 3),
-        prelude='C="--jobs 1 --batch-runs 1 -q --set executor.threads=1"',
+        prelude=FEDRAA_PRELUDE,
         commands=(
             _RAA_REF + " --set budget.virtual_time=300 --out {root}/t5r-fed-raa",
             _REF + " --strategies fedasync --set budget.virtual_time=150 --out {root}/t5r-fedasync",
@@ -970,7 +970,7 @@ FEDRAA_T5_REFERENCE = register(
             "ablation": fedraa_ablation,
             "ablation-summary": fedraa_ablation_summary,
         },
-        tolerance={"acc": 0.002, "t93": 2.0, "steps": 2.0, "end": 1.0},
+        tolerance=FEDRAA_TOLERANCE,
     )
 )
 
