@@ -420,6 +420,32 @@ def test_cli_run_and_exit_plot(tmp_path) -> None:
     assert res.exit_code != 0 and "no exit columns" in res.output
 
 
+def test_exit_plot_honours_y_min(tmp_path, monkeypatch) -> None:
+    """`plot --metric exits --y-min Y` starts every panel's axis at Y (it was ignored)."""
+    import numpy as np
+    from typer.testing import CliRunner
+
+    from fedclock.cli import app
+    from fedclock.metrics import plots
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = ["virtual_time,aggregation,exit1_accuracy,exit2_accuracy,cis_accuracy"]
+    rows += [f"{t},{t},{0.5 + 0.1 * t},{0.6 + 0.1 * t},{0.55 + 0.1 * t}" for t in range(4)]
+    (run / "metrics.csv").write_text("\n".join(rows) + "\n")
+    bottoms: list[float] = []
+    real_save = plots._save
+
+    def spy(fig, out):
+        bottoms.extend(ax.get_ylim()[0] for ax in fig.axes)
+        return real_save(fig, out)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    res = CliRunner().invoke(app, ["plot", str(run), "--metric", "exits", "--y-min", "0.7"])
+    assert res.exit_code == 0, res.output
+    assert len(bottoms) == 3 and np.allclose(bottoms, 0.7)
+
+
 # ----------------------------------------------------------------------------- second pass
 # (issue 29: the exit draw, the paper's local work, momentum, the reference-mode departures
 # one at a time, η_s on buffers, σ in summary.json, the headline metric, the shrunk-schedule note)

@@ -1092,7 +1092,7 @@ def plot(
                 continue
             groups[label] = [metrics]
         if metric == "exits":
-            path = plot_exits(groups, target)
+            path = plot_exits(groups, target, y_min=y_min)
         else:
             path = plot_groups(groups, target, metric=metric, y_min=y_min)
     Console().print(f"wrote {path}")

@@ -132,11 +132,15 @@ def plot_groups(
 
 
 def plot_exits(
-    groups: Mapping[str, Sequence[dict[str, np.ndarray]]], out: Path, *, title: str = ""
+    groups: Mapping[str, Sequence[dict[str, np.ndarray]]],
+    out: Path,
+    *,
+    title: str = "",
+    y_min: float | None = None,
 ) -> Path:
     """An early-exit network's accuracy per exit (``exit<e>_accuracy``, one panel each, and
     ``cis_accuracy`` when recorded) vs the aggregation index: one line per group (mean over
-    its runs, ±std band when several)."""
+    its runs, ±std band when several); ``y_min``: the lower end of every panel's axis."""
     first = next((r for runs in groups.values() for r in runs if r), {})
     keys = sorted((k for k in first if k.startswith("exit") and k.endswith("_accuracy")),
                   key=lambda k: int(k[4:-9]))  # fmt: skip
@@ -159,6 +163,8 @@ def plot_exits(
         ax.set_title(key.replace("_accuracy", "").replace("exit", "exit ").replace("cis", "CIS"))
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
+        if y_min is not None:
+            ax.set_ylim(bottom=y_min)
     axes[0, 0].set_ylabel("test accuracy")
     axes[0, -1].legend(loc="lower right", fontsize=8)
     if title:
