@@ -283,7 +283,9 @@ def provenance(res: Results, pages: Path = PAGES) -> str:
 
 
 def goldens_moved_since(commit: str | None) -> str | None:
-    """The newest commit after ``commit`` that changed tests/golden (None: none, or no git)."""
+    """The newest commit after ``commit`` that changed a recorded golden in tests/golden
+    (modified, deleted or renamed; a new strategy's golden added moves no number), or None:
+    none, or no git."""
     if not commit or not (REPO / ".git").exists():
         return None
     try:
@@ -295,6 +297,7 @@ def goldens_moved_since(commit: str | None) -> str | None:
                 "log",
                 "--format=%h",
                 "-1",
+                "--diff-filter=MDR",
                 f"{commit}..HEAD",
                 "--",
                 "tests/golden",

@@ -205,12 +205,12 @@ def test_mask_tasks_train_the_pruned_model_and_report_dense_squared_gradients() 
         want, sq = _independent_masked_sgd(model, data, task, masks, 0.1)
         for n in want:
             torch.testing.assert_close(a.delta[n], want[n], atol=EQUIV_TOL, rtol=EQUIV_TOL)
-            assert a.sq_grads is not None and b.sq_grads is not None
-            torch.testing.assert_close(a.sq_grads[n], sq[n], atol=EQUIV_TOL, rtol=EQUIV_TOL)
-            torch.testing.assert_close(b.sq_grads[n], sq[n], atol=EQUIV_TOL, rtol=EQUIV_TOL)
+            assert "sq_grads" in a.up and "sq_grads" in b.up
+            torch.testing.assert_close(a.up["sq_grads"][n], sq[n], atol=EQUIV_TOL, rtol=EQUIV_TOL)
+            torch.testing.assert_close(b.up["sq_grads"][n], sq[n], atol=EQUIV_TOL, rtol=EQUIV_TOL)
         for n, m in masks.items():
             assert not a.delta[n][~m].any() and not b.delta[n][~m].any()  # pruned stay 0
-            assert a.sq_grads is not None and bool((a.sq_grads[n][~m] > 0).any())  # dense
+            assert bool((a.up["sq_grads"][n][~m] > 0).any())  # dense
 
 
 @pytest.mark.usefixtures("float64")

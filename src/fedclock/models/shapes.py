@@ -440,7 +440,7 @@ class Program:
     # downloaded values: a deeper model's neuron fragment computes through every unit)
     mask_fill: str = "zero"
     tag: Hashable = None  # tells apart programs that differ only in their masks
-    # the task also reports Σ_k g_k² per parameter (Contribution.sq_grads): the squared
+    # the task also reports Σ_k g_k² per parameter (Contribution.up["sq_grads"]): the squared
     # gradients of every element at each local step, pruned ones included (PruneFL)
     sq_grads: bool = False
 

@@ -44,7 +44,7 @@ from fedclock.errors import CheckpointError
 from fedclock.models.shapes import FULL, Exit, Fragment, Full, Mask, Neurons, Split, Suffix, Width
 from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
 
-FORMAT = 2
+FORMAT = 3
 CHECKPOINT_FILE = "checkpoint.pt"
 #: the first line of a checkpoint: this, the format, then ``sha256:<hex digest of the rest>``
 MAGIC = b"fedclock-checkpoint"
@@ -95,6 +95,12 @@ def components(root: object) -> Iterator[tuple[str, object]]:
                         yield from walk(v, f"{path}.{name}.{key}{counts[key]}")
 
     yield from walk(root, "")
+
+
+def _tensor_tree(tree: dict[str, dict[str, torch.Tensor]]) -> dict[str, dict[str, torch.Tensor]]:
+    """A task's ``down`` or a contribution's ``up`` (kind → parameter name → tensor): stored
+    as it is, whatever its keys (one encoder for every strategy's tensors)."""
+    return {kind: dict(tensors) for kind, tensors in tree.items()}
 
 
 class _Encoder:
@@ -163,7 +169,7 @@ class _Encoder:
             "task_id": t.task_id, "client": t.client, "k": t.k, "base": self(t.base),
             "plan": self(t.plan), "cost": self(t.cost), "timing": self(t.timing),
             "t_start": t.t_start, "execute": t.execute, "cancelled": t.cancelled,
-            "repeat": t.repeat,
+            "repeat": t.repeat, "down": _tensor_tree(t.down),
         }  # fmt: skip
 
     def _contrib(self, c: Contribution) -> dict[str, Any]:
@@ -171,7 +177,7 @@ class _Encoder:
             "task": self(c.task), "delta": dict(c.delta), "buffers": dict(c.buffers),
             "num_samples": c.num_samples, "train_loss": c.train_loss, "weight": c.weight,
             "coverage": None if c.coverage is None else self(dict(c.coverage)),
-            "sq_grads": None if c.sq_grads is None else dict(c.sq_grads),
+            "up": _tensor_tree(c.up),
         }  # fmt: skip
 
 
@@ -190,14 +196,13 @@ class _Decoder:
                 t = Task(
                     row["task_id"], row["client"], row["k"], self(row["base"]), self(row["plan"]),
                     self(row["cost"]), self(row["timing"]), row["t_start"], row["execute"],
-                    row["cancelled"], row["repeat"],
+                    row["cancelled"], row["repeat"], row["down"],
                 )  # fmt: skip
                 self._made[key] = t
             else:
                 self._made[key] = Contribution(
                     self(row["task"]), row["delta"], row["buffers"], row["num_samples"],
-                    row["train_loss"], row["weight"], self(row["coverage"]),
-                    row.get("sq_grads"),
+                    row["train_loss"], row["weight"], self(row["coverage"]), row["up"],
                 )  # fmt: skip
         return self._made[key]
 

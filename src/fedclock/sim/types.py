@@ -62,6 +62,11 @@ class Task:
     # first): with the client and the base version it keys the task's batch stream, so
     # no two tasks train on the same batches (see Simulator._repeat)
     repeat: int = 0
+    # per-task tensors sent down with the model (Task.down), full parameter shapes keyed
+    # first by what they are, then by parameter name: a strategy's ClientRule attaches them
+    # when the task is dispatched (SCAFFOLD's c − c_i, FedDyn's linear term) and the local
+    # objective's gradient terms read them (fedclock.train.local.GradientTerm)
+    down: dict[str, Params] = field(default_factory=dict)
 
     @property
     def t_finish(self) -> float:
@@ -85,9 +90,10 @@ class Contribution:
     # True / False for a whole tensor, or a boolean mask; None: every element (full work).
     # Aggregators average an element over the contributions that cover it
     coverage: Mapping[str, torch.Tensor | bool] | None = None
-    # Σ over the local steps of each parameter's squared gradient, every element (a work
-    # shape whose program asks for it: PruneFL's importance); None: not reported
-    sq_grads: Params | None = None
+    # statistics the local rule sends up besides Δ, keyed by what they are, then by
+    # parameter name (a work shape whose program asks for it: "sq_grads", PruneFL's Σ over
+    # the local steps of each element's squared gradient)
+    up: dict[str, Params] = field(default_factory=dict)
 
     def covers(self, name: str) -> torch.Tensor | bool:
         """Whether (or where) this update covers parameter ``name``."""

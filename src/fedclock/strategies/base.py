@@ -1,15 +1,18 @@
-"""Strategy = Planner × Trigger × Aggregator (see docs/architecture.md).
+"""Strategy = Planner × Trigger × Aggregator (see docs/architecture.md), with an optional
+client rule.
 
 - a **Planner** decides what each client computes (and what it costs);
 - a **Trigger** decides when the server builds a new global model: it reacts
   to the simulator's callbacks and calls ``ctx.commit`` with the updates to use;
-- an **Aggregator** decides how the committed contributions are combined.
+- an **Aggregator** decides how the committed contributions are combined;
+- a **ClientRule** (:mod:`.client`, optional) adds terms to the local objective, tensors to
+  each task it sends down, and keeps per-client state (SCAFFOLD, FedDyn).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -20,6 +23,7 @@ from fedclock.models.shapes import FULL
 from fedclock.sim.checkpoint import register_value_type
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
+from fedclock.strategies.client import ClientRule
 from fedclock.train.local import Needs
 
 
@@ -106,6 +110,9 @@ class Strategy:
     # numbers the strategy measured while it was built (e.g. CIS Balanced Adj's σ), added to
     # summary.json
     summary: dict[str, Any] = field(default_factory=dict)
+    # the client side (strategies/client.py): local gradient terms, tensors sent down with
+    # each task, per-client state; None: plain local SGD on what the planner asks
+    client_rule: ClientRule | None = None
 
     def __post_init__(self) -> None:
         # the simulator calls these once per event: bind the parts' methods directly
@@ -113,11 +120,23 @@ class Strategy:
         for name, part in (("plan", self.planner), ("on_arrival", self.trigger)):
             if getattr(type(self), name) is getattr(Strategy, name):
                 setattr(self, name, getattr(part, name))
-        # the planner's state hooks (None: it keeps no state the simulator must tell it of)
-        self.on_dispatch: Callable[[Task], None] | None = getattr(self.planner, "on_dispatch", None)
-        self.on_commit: Callable[[Sequence[Contribution]], None] | None = getattr(
-            self.planner, "on_commit", None
-        )
+        # the state hooks of the planner and the client rule (None: no part keeps state the
+        # simulator must tell it of); the rule's terms are part of what the executor needs
+        dispatch = [f for f in (getattr(self.planner, "on_dispatch", None),) if f is not None]
+        commit = [f for f in (getattr(self.planner, "on_commit", None),) if f is not None]
+        rule = self.client_rule
+        if rule is not None:
+            dispatch.insert(0, self._attach_down)
+            commit.append(rule.on_commit)
+            if self.needs.terms != rule.terms:
+                self.needs = replace(self.needs, terms=rule.terms)
+        self.on_dispatch: Callable[[Task], None] | None = _chain(dispatch)
+        self.on_commit: Callable[[Sequence[Contribution]], None] | None = _chain(commit)
+
+    def _attach_down(self, task: Task) -> None:
+        """Task.down: what the client rule sends with the task, fixed at dispatch."""
+        assert self.client_rule is not None
+        task.down = self.client_rule.down(task)
 
     def plan(self, ctx: Context, client: int) -> tuple[TaskPlan, TaskCost]:
         return self.planner.plan(ctx, client)
@@ -133,6 +152,20 @@ class Strategy:
 
     def aggregate(self, ctx: Context, contributions: Sequence[Contribution]) -> ModelVersion:
         return self.aggregator.aggregate(ctx, ctx.model, contributions)
+
+
+def _chain(hooks: list[Callable[[Any], None]]) -> Callable[[Any], None] | None:
+    """One hook calling ``hooks`` in order (the single one itself; None for none)."""
+    if not hooks:
+        return None
+    if len(hooks) == 1:
+        return hooks[0]
+
+    def call(arg: Any) -> None:
+        for f in hooks:
+            f(arg)
+
+    return call
 
 
 @dataclass(frozen=True)

@@ -334,9 +334,7 @@ class PruneFLState:
     def accumulate(self, contributions: Sequence[Contribution]) -> None:
         """Z_j += Σ_i Σ_k g_{i,k,j}² over the round's updates (every element)."""
         for c in contributions:
-            if c.sq_grads is None:
-                continue
-            for n, g in c.sq_grads.items():
+            for n, g in c.up.get("sq_grads", {}).items():
                 acc = self.importance.get(n)
                 if acc is None:
                     self.importance[n] = g.detach().to("cpu", torch.float64).clone()

@@ -29,7 +29,7 @@ from fedclock.models.shapes import (
 )
 from fedclock.rng import counter_key, counter_keys, splitmix64_array
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task
-from fedclock.train.local import CrossEntropy, LocalTraining, Loss, step_direction
+from fedclock.train.local import CrossEntropy, LocalTraining, Loss, down_lists, step_direction
 
 _GAMMA_U64 = np.uint64(0x9E3779B97F4A7C15)
 
@@ -288,6 +288,7 @@ class SerialExecutor:
         params: list[torch.Tensor] = list(model.parameters())
         base = [task.base.params[n] for n in self._names] if self.local.proximal_mu else None
         bufs = [torch.zeros_like(p) for p in params] if self.local.momentum else []
+        down = down_lists(self.local, task.down, self._names) if self.local.reads else {}
         lr = self.local.lr * task.plan.lr_scale
         idx = self.data.indices[task.client]
         total = 0.0
@@ -302,6 +303,10 @@ class SerialExecutor:
                 self.local, [grads[i] for i in used], [params[i] for i in used],
                 None if base is None else [base[i] for i in used],
                 [bufs[i] for i in used] if bufs else [],
+                down=(
+                    {k: [v[i] for i in used] for k, v in down.items()}
+                    if len(used) < len(params) else down
+                ),
             )  # fmt: skip
             with torch.no_grad():
                 torch._foreach_add_([params[i] for i in used], d, alpha=-lr)
@@ -327,6 +332,7 @@ class SerialExecutor:
         views: Mapping[str, tuple[slice, ...]] | None = None,
         base: Mapping[str, torch.Tensor] | None = None,
         lr_scale: float = 1.0,
+        down: Mapping[str, Params] | None = None,
     ) -> None:
         names = list(grads)
         ps = [params[n] for n in names]
@@ -345,7 +351,15 @@ class SerialExecutor:
                         self.model.get_parameter(n).shape, device=p.device
                     )
                 bufs.append(full[views[n]] if views is not None else full)
-        d = step_direction(self.local, [grads[n] for n in names], ps, b0, bufs)
+        dl = None
+        if self.local.reads:
+            dl = down_lists(
+                self.local,
+                down or {},
+                names,
+                lambda t, n: (t[views[n]] if views is not None else t).to(self.device),
+            )
+        d = step_direction(self.local, [grads[n] for n in names], ps, b0, bufs, down=dl)
         lr = self.local.lr * lr_scale
         with torch.no_grad():
             torch._foreach_add_(ps, d, alpha=-lr)  # θ ← θ − η·d, as the full path's step
@@ -378,7 +392,12 @@ class SerialExecutor:
                 for n, g in grads.items():
                     sq[n].addcmul_(g, g)
             self._step(
-                task.client, params, grads, base=task.base.params, lr_scale=task.plan.lr_scale
+                task.client,
+                params,
+                grads,
+                base=task.base.params,
+                lr_scale=task.plan.lr_scale,
+                down=task.down,
             )
             with torch.no_grad():  # outside its fragment the model stays 0, or the base
                 for n, m in masks.items():
@@ -403,7 +422,8 @@ class SerialExecutor:
             buffers[n] = b.detach().clone() if keep else task.base.buffers[n].clone()
         return Contribution(
             task=task, delta=delta, buffers=buffers, num_samples=len(idx),
-            train_loss=total / max(1, len(steps)), coverage=prog.coverage, sq_grads=sq,
+            train_loss=total / max(1, len(steps)), coverage=prog.coverage,
+            up={} if sq is None else {"sq_grads": sq},
         )  # fmt: skip
 
     def _run_sliced(self, task: Task, prog: Program) -> Contribution:
@@ -436,7 +456,7 @@ class SerialExecutor:
                 grads = torch.autograd.grad(loss, [sub[n] for n in self._names])
                 self._step(
                     task.client, sub, dict(zip(self._names, grads, strict=True)), views,
-                    base=task.base.params, lr_scale=task.plan.lr_scale,
+                    base=task.base.params, lr_scale=task.plan.lr_scale, down=task.down,
                 )  # fmt: skip
                 total += float(loss.detach())
         finally:

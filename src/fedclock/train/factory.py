@@ -67,6 +67,8 @@ def make_executor(
         )
     if needs.proximal_mu:  # the strategy's local objective (FedProx)
         local = replace(local, proximal_mu=needs.proximal_mu)
+    if needs.terms:  # its further gradient terms (a client rule's: SCAFFOLD, FedDyn)
+        local = replace(local, terms=needs.terms)
     dev = resolve_device(device)
     # a shape runs where it says what trains and is sent (WorkShape.program)
     unknown = {t for t in needs.shapes if t._program is WorkShape._program}

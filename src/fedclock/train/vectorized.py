@@ -73,7 +73,7 @@ partial work on models with buffers to the serial executor anyway).
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -98,7 +98,7 @@ from fedclock.train.executor import (
     batch_positions,
     split_batches,
 )
-from fedclock.train.local import LocalTraining, Loss, step_direction
+from fedclock.train.local import LocalTraining, Loss, down_lists, step_direction
 from fedclock.train.mlp_grad import MlpGrad, mlp_linears
 
 log = logging.getLogger("fedclock")
@@ -407,7 +407,7 @@ class VectorizedExecutor:
         return (
             id(self._x), id(self._y), str(self.model), repr(self.loss), self.device,
             self.local.lr, self.local.momentum, self.local.weight_decay,
-            self.local.proximal_mu, self.block_bytes,
+            self.local.proximal_mu, self.local.terms, self.block_bytes,
             self.max_batch_clients, self._trains_fully, self._momentum_store is None,
             self._delta_views, len(self._scaled), self._layout is None,
             tuple((n, tuple(p.shape), p.dtype) for n, p in self.model.named_parameters()),
@@ -547,9 +547,10 @@ class VectorizedExecutor:
             return [self._serial_executor().run_one(t) for t in tasks]
         rows = rows_cpu.to(self.device)
         if any(partial):
-            weights = torch.where(
-                rows >= 0, 1.0 / counts.clamp(min=1).to(self.device).unsqueeze(-1), 0.0
-            ).to(base.params[self._names[0]].dtype)  # not the input dtype: tokens are int64
+            dtype = base.params[self._names[0]].dtype  # not the input's: tokens are int64
+            weights = torch.where(  # 1/count in the parameters' dtype (float64 models: exact)
+                rows >= 0, 1.0 / counts.clamp(min=1).to(self.device, dtype).unsqueeze(-1), 0.0
+            )
             rows = rows.clamp(min=0)
 
         shape = tasks[0].plan.shape
@@ -643,6 +644,7 @@ class VectorizedExecutor:
                 for i, m in self._block_masks:
                     params[i].mul_(m)
 
+        down = self._stack_down(tasks, names, cut)
         scale = Scale(rate) if rate is not None else None
         hooks = [m.register_forward_hook(scale) for m in self._scaled] if scale else []
         flat = (
@@ -654,19 +656,33 @@ class VectorizedExecutor:
             if flat:
                 self._train_steps_flat(
                     n_steps, rows, params, names, shared, partial,
-                    weights if any(partial) else None, bufs, loss_sum, base_params,
+                    weights if any(partial) else None, bufs, loss_sum, base_params, down,
                 )  # fmt: skip
             else:
                 self._train_steps(
                     n_steps, active, rows, params, names, fixed, frozen, shared, partial,
                     weights if any(partial) else None, bufs, loss_sum, n_clients, stats,
-                    base_params,
+                    base_params, down,
                 )  # fmt: skip
         finally:
             for h in hooks:
                 h.remove()
         return self._contributions(tasks, names, fixed, params, base_params, shared, bufs,
                                    loss_sum, steps, views, stats, owners)  # fmt: skip
+
+    def _stack_down(
+        self, tasks: Sequence[Task], names: list[str],
+        cut: Callable[[torch.Tensor, str], torch.Tensor],
+    ) -> dict[str, list[torch.Tensor]]:  # fmt: skip
+        """The tasks' ``down`` tensors the local terms read, stacked (C, …) per trained
+        tensor as the block's parameters are (a submodel's slices through ``cut``)."""
+        if not self.local.reads:
+            return {}
+        each = [down_lists(self.local, t.down, names, cut) for t in tasks]
+        return {
+            key: [torch.stack([d[key][i] for d in each]).to(self.device) for i in range(len(names))]
+            for key in self.local.reads
+        }
 
     def _stores(
         self, tasks: Sequence[Task], owners: Sequence[VectorizedExecutor] | None
@@ -700,6 +716,7 @@ class VectorizedExecutor:
         weights: torch.Tensor | None, bufs: list[torch.Tensor], loss_sum: torch.Tensor,
         n_clients: int, stats: Params | None = None,
         base_params: list[torch.Tensor] | None = None,
+        down: Mapping[str, list[torch.Tensor]] | None = None,
     ) -> None:  # fmt: skip
         lr = self._block_lr
         for s in range(n_steps):
@@ -735,7 +752,10 @@ class VectorizedExecutor:
                     for acc, n in zip(self._block_sq, names, strict=True):
                         gn = grads[n]
                         (acc if k == n_clients else acc[:k]).addcmul_(gn, gn)
-            g = step_direction(self.local, [grads[n] for n in names], p_k, b0, b_k)
+            d_k = down if not down or k == n_clients else {
+                key: [v[:k] for v in vs] for key, vs in down.items()
+            }  # fmt: skip
+            g = step_direction(self.local, [grads[n] for n in names], p_k, b0, b_k, down=d_k)
             with torch.no_grad():
                 torch._foreach_add_(p_k, g, alpha=-lr)
                 for i, m in self._block_masks:  # outside its fragment: 0, or the base
@@ -752,6 +772,7 @@ class VectorizedExecutor:
         self, n_steps: int, rows: torch.Tensor, params: list[torch.Tensor], names: list[str],
         shared: bool, partial: list[bool], weights: torch.Tensor | None,
         bufs: list[torch.Tensor], loss_sum: torch.Tensor, base_params: list[torch.Tensor],
+        down: Mapping[str, list[torch.Tensor]],
     ) -> None:  # fmt: skip
         """:meth:`_train_steps` of a small hand-stepped block (:class:`MlpGrad`) whose clients
         all take every step: the parameters, gradients, momentum and proximal pull each live
@@ -789,6 +810,8 @@ class VectorizedExecutor:
         if local.proximal_mu:  # the base, one copy per client (expanded when shared)
             c = params[0].shape[0]
             base = [flat_of([b.expand(c, *b.shape) if shared else b for b in base_params])[0]]
+        # the tasks' down tensors, one flat buffer per key, aligned with the parameters'
+        flat_down = {key: [flat_of(vs)[0]] for key, vs in down.items()}
         sq, masks = self._block_sq, self._block_masks
         step = grad.bind(state, out).step
         x_rows = self._x_rows
@@ -807,7 +830,7 @@ class VectorizedExecutor:
                 if sq is not None:
                     for acc, gn in zip(sq, g_views, strict=True):
                         acc.addcmul_(gn, gn)
-                (d,) = step_direction(local, gs, ps, base, moms, scratch)
+                (d,) = step_direction(local, gs, ps, base, moms, scratch, flat_down)
                 p_flat.add_(d, alpha=-lr)
                 for i, m in masks:  # outside its fragment: 0 (_by_hand)
                     p_views[i].mul_(m)
@@ -888,9 +911,13 @@ class VectorizedExecutor:
                     ),
                     train_loss=losses[j] / max(1, steps[j]),
                     coverage=None if prog is None else prog.coverage,
-                    sq_grads=None
+                    up={}
                     if self._block_sq is None
-                    else {n: a[j].clone() for n, a in zip(names, self._block_sq, strict=True)},
+                    else {
+                        "sq_grads": {
+                            n: a[j].clone() for n, a in zip(names, self._block_sq, strict=True)
+                        }
+                    },
                 )
             )
         return out
