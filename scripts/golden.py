@@ -41,6 +41,8 @@ CASES: dict[str, dict[str, Any]] = {
     "fedavg-fraction": {"strategy.name": "fedavg", "strategy.client_fraction": 0.5},
     "fedprox": {"strategy.name": "fedprox", "strategy.mu": 0.1},
     "fednova": {"strategy.name": "fednova", "partition.sizes": "lognormal"},
+    "scaffold": {"strategy.name": "scaffold", "strategy.client_fraction": 0.5},
+    "feddyn": {"strategy.name": "feddyn", "strategy.feddyn_alpha": 0.1},
     "ram-fed": {"strategy.name": "ram-fed", "partition.sizes": "lognormal"},
     "ram-fed-static-coverage": {
         "strategy.name": "ram-fed",

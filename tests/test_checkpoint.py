@@ -140,6 +140,9 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
         "guard.reject_nonfinite": True, "budget.aggregations": 10,
     },
     "serial-executor": {"strategy.name": "fedbuff", "strategy.buffer_size": 2, "executor.kind": "serial", "budget.aggregations": 10},
+    # a client rule's per-client state (SCAFFOLD's c_i and c, FedDyn's ∇L_i and h)
+    "scaffold": {"strategy.name": "scaffold", "strategy.client_fraction": 0.5},
+    "feddyn": {"strategy.name": "feddyn", "strategy.client_fraction": 0.5, "strategy.feddyn_alpha": 0.1},
     "fedfix-estimated": {
         "strategy.name": "fedfix", "strategy.delta_t": 0.3, "strategy.tau_source": "estimated",
         "budget.aggregations": 10,
@@ -206,6 +209,7 @@ _STATIC = {
     "EarlyExitNet", "ExitInfo", "ExitLoss", "MultiExitLoss", "Tree", "RunRecorder", "Progress",
     "Checkpointer", "Split",
     "Neurons",  # (a work shape: Layout keeps recent transient ones' keys)
+    "Linear", "Proximal", "WeightDecay",  # (gradient terms: values of the local objective)
 }  # fmt: skip
 
 

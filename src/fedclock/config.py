@@ -414,6 +414,23 @@ class FedNovaOptions(_RoundOptions):
     name: Literal["fednova"] = "fednova"
 
 
+class ScaffoldOptions(_RoundOptions):
+    """SCAFFOLD (Karimireddy et al. 2020): FedAvg's rounds, each local step corrected by the
+    control variates c − c_i (option II); η_g = ``server_lr``, η_l = ``train.lr``."""
+
+    name: Literal["scaffold"] = "scaffold"
+
+
+class FedDynOptions(_RoundOptions):
+    """FedDyn (Acar et al. 2021): FedAvg's rounds with the dynamic regulariser
+    −⟨∇L_i(θ_i^{t−1}), θ⟩ + (α/2)‖θ − θ^{t−1}‖² and the server state h."""
+
+    name: Literal["feddyn"] = "feddyn"
+    feddyn_alpha: float = Field(
+        0.01, gt=0, description="α of FedDyn's regulariser (α/2)‖θ − θ^{t−1}‖² and of h"
+    )
+
+
 class RamFedOptions(_RoundOptions):
     """RAM-Fed (Wang et al., KDD 2023; our reading, docs/methods/ram-fed.md): rounds in
     which each client trains a submodel of neurons sized to its device's speed."""
@@ -887,6 +904,8 @@ StrategyOptionsUnion = Annotated[
     FedAvgOptions
     | FedProxOptions
     | FedNovaOptions
+    | ScaffoldOptions
+    | FedDynOptions
     | RamFedOptions
     | PruneFLOptions
     | SplitFedOptions

@@ -18,6 +18,7 @@ from fedclock.config import (
     FedAsyncOptions,
     FedAvgOptions,
     FedBuffOptions,
+    FedDynOptions,
     FedFixOptions,
     FedNovaOptions,
     FedProxOptions,
@@ -29,6 +30,7 @@ from fedclock.config import (
     PruneFLOptions,
     RamFedOptions,
     SalfOptions,
+    ScaffoldOptions,
     SplitFedOptions,
     StrategyOptions,
     VanillaOptions,
@@ -46,12 +48,14 @@ from fedclock.strategies.asynchronous import (
 )
 from fedclock.strategies.base import BuildInfo, Strategy
 from fedclock.strategies.cis import build_cis
+from fedclock.strategies.feddyn import build_feddyn
 from fedclock.strategies.fednova import FedNovaWeighting, normalized_buffers
 from fedclock.strategies.fedraa import build_fedraa
 from fedclock.strategies.planners import LocalSGDPlanner, local_sgd_plan
 from fedclock.strategies.prunefl import build_prunefl
 from fedclock.strategies.ramfed import build_ramfed
 from fedclock.strategies.salf import build_salf_family
+from fedclock.strategies.scaffold import build_scaffold
 from fedclock.strategies.server import ServerOptimizer, server_optimizer
 from fedclock.strategies.splitfed import build_splitfed
 from fedclock.strategies.triggers import SyncRounds, select_clients
@@ -186,6 +190,20 @@ STRATEGIES: dict[str, StrategySpec] = {
             "FedNova (Wang et al.): FedAvg rounds, Δ_i weighted τ_eff·p_i/τ_i (normalized averaging)",
             _fednova,
             FedNovaOptions,
+        ),
+        StrategySpec(
+            "scaffold",
+            "SCAFFOLD (Karimireddy et al.): FedAvg rounds, each local step corrected by the "
+            "control variates c − c_i (option II)",
+            build_scaffold,
+            ScaffoldOptions,
+        ),
+        StrategySpec(
+            "feddyn",
+            "FedDyn (Acar et al.): FedAvg rounds, local objective with the dynamic regulariser "
+            "−⟨∇L_i, θ⟩ + (α/2)‖θ − θ^t‖², server state h (strategy.alpha)",
+            build_feddyn,
+            FedDynOptions,
         ),
         StrategySpec(
             "ram-fed",
