@@ -42,6 +42,7 @@ CASES: dict[str, dict[str, Any]] = {
     "fedprox": {"strategy.name": "fedprox", "strategy.mu": 0.1},
     "fednova": {"strategy.name": "fednova", "partition.sizes": "lognormal"},
     "scaffold": {"strategy.name": "scaffold", "strategy.client_fraction": 0.5},
+    "fedrolex": {"strategy.name": "fedrolex", "partition.sizes": "lognormal"},
     "feddyn": {"strategy.name": "feddyn", "strategy.feddyn_alpha": 0.1},
     "ram-fed": {"strategy.name": "ram-fed", "partition.sizes": "lognormal"},
     "ram-fed-static-coverage": {

@@ -12,6 +12,11 @@ from tests.conftest import REPO
 
 PKG = REPO / "src" / "fedclock"
 LOWER = ("train", "sim", "models", "data", "devices")
+#: docs/architecture.md's package order: each imports only packages before it
+ORDER = (
+    "errors", "rng", "logs", "outputs", "config", "presets", "data", "devices", "models",
+    "sim", "metrics", "train", "strategies", "experiment", "runs", "report", "tour", "cli",
+)  # fmt: skip
 
 
 def _module(path: Path) -> str:
@@ -95,3 +100,31 @@ def test_no_import_circles() -> None:
     registry points at it, so strategies → config only."""
     assert cycles(import_graph()) == []
     assert not {t for t in import_graph()["fedclock.config"] if t.startswith("fedclock.strategies")}
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""  # "": the package root (__version__)
+
+
+def test_packages_import_only_packages_before_them() -> None:
+    graph = import_graph()
+    packages = {_package(m) for m in graph} - {"", "__main__"}
+    assert packages <= set(ORDER), f"place {sorted(packages - set(ORDER))} in ORDER and the docs"
+    upward = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in targets
+        if _package(m) in ORDER
+        and _package(t) in ORDER
+        and ORDER.index(_package(t)) > ORDER.index(_package(m))
+    )
+    assert upward == []
+
+
+def test_the_documented_order_is_the_tested_one() -> None:
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    doc = text.split("**Imports run one way.**", 1)[1].split("(and", 1)[0]
+    import re
+
+    assert tuple(re.findall(r"`(\w+)`", doc)) == ORDER

@@ -436,11 +436,12 @@ class RamFedOptions(_RoundOptions):
     which each client trains a submodel of neurons sized to its device's speed."""
 
     name: Literal["ram-fed"] = "ram-fed"
-    extraction: Literal["random", "static"] = Field(
+    extraction: Literal["random", "static", "rolling"] = Field(
         "random",
         description="which neurons a submodel keeps: random (a fresh uniform draw per client "
-        "and round: 'arbitrarily assigned neurons') or static (the first ones of every "
-        "hidden layer, HeteroFL's prefix)",
+        "and round: 'arbitrarily assigned neurons'), static (the first ones of every "
+        "hidden layer, HeteroFL's prefix) or rolling (a window moving one unit per round, "
+        "FedRolex's; the fedrolex strategy is rolling with coverage)",
     )
     aggregation: Literal["memory", "coverage"] = Field(
         "memory",
@@ -448,6 +449,14 @@ class RamFedOptions(_RoundOptions):
         "each element) or coverage (RA-Fed: each element's p-weighted average over the clients "
         "that trained it this round)",
     )
+
+
+class FedRolexOptions(_RoundOptions):
+    """FedRolex (Alam et al., NeurIPS 2022): rounds in which each client trains a submodel
+    of neurons sized to its device's speed (RAM-Fed's eq. 1), the window of kept units
+    rolling one index per round; each element averaged over the clients that trained it."""
+
+    name: Literal["fedrolex"] = "fedrolex"
 
 
 class PruneFLOptions(_RoundOptions):
@@ -907,6 +916,7 @@ StrategyOptionsUnion = Annotated[
     | ScaffoldOptions
     | FedDynOptions
     | RamFedOptions
+    | FedRolexOptions
     | PruneFLOptions
     | SplitFedOptions
     | DropStragglersOptions

@@ -487,9 +487,8 @@ def run_experiment(
                 *([] if checkpointer is None else [checkpointer]),
             ],
             guard=guard,
+            execute=None if lockstep is None else lockstep[0].execute(lockstep[1], parts.executor),
         )  # fmt: skip
-        if lockstep is not None:
-            sim.execute = lockstep[0].execute(lockstep[1], parts.executor)
         if resumed is not None:
             restore(sim, resumed["state"])
             if tensorboard is not None:

@@ -224,12 +224,13 @@ class Simulator:
         budget: Budget,
         observers: Sequence[object] = (),
         guard: UpdateGuard | None = None,
+        execute: Callable[[Sequence[Task]], list[Contribution]] | None = None,
     ) -> None:
         self.strategy = strategy
         self.executor = executor
-        # how a batch of tasks is trained: the executor's run, or (run batching) a call
-        # that trains it together with other simulations' batches (set by run_experiment)
-        self.execute: Callable[[Sequence[Task]], list[Contribution]] = executor.run
+        # how a batch of tasks is trained: the executor's run, or (run batching, ``execute``)
+        # a call that trains it together with other simulations' batches
+        self.execute: Callable[[Sequence[Task]], list[Contribution]] = execute or executor.run
         self.population = population
         self.model = initial
         self.seed = seed

@@ -26,6 +26,7 @@ from fedclock.config import (
     FedRAAOptions,
     FedRAARandomOptions,
     FedRAASyncOptions,
+    FedRolexOptions,
     HeteroFLOptions,
     PruneFLOptions,
     RamFedOptions,
@@ -211,6 +212,13 @@ STRATEGIES: dict[str, StrategySpec] = {
             "speed, each client's latest update of every element averaged",
             build_ramfed,
             RamFedOptions,
+        ),
+        StrategySpec(
+            "fedrolex",
+            "FedRolex (Alam et al.): rounds of neuron submodels sized to each device's speed, "
+            "the window of kept units rolling one index per round, per-element averages",
+            build_ramfed,
+            FedRolexOptions,
         ),
         StrategySpec(
             "prunefl",

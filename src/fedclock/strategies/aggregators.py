@@ -8,7 +8,9 @@
 - a **target** t_i per parameter tensor: the delta Δ_i (:func:`delta`), or FedAsync's mix
   θ_base,i + Δ_i − θ (:func:`mix`); ``None`` where the contribution covers no element;
 - a **normaliser** N: none, Σ_i ω_i t_i (:func:`weighted_sum`); per unit (SALF eq. 9,
-  ``salf.PerUnit``); per element (HeteroFL, ``salf.per_element``);
+  ``salf.PerUnit``); per element (:func:`coverage_average`; HeteroFL's ``salf.per_element``);
+  every normaliser uses ω (RAM-Fed's ``MemoryAverage`` takes only its own p_i and refuses
+  another ω);
 - a **buffer policy** for floating-point state such as BatchNorm statistics;
 - the **server step** (:mod:`.server`: SGD, momentum, Adam), applied after every
   aggregation of every strategy.
@@ -108,6 +110,34 @@ def weighted_sum(
                 acc.add_(t, alpha=wi)
         out[name] = acc
     return out
+
+
+# ------------------------------------------------------------------ normaliser: per element
+def covers_on(c: Contribution, name: str, like: torch.Tensor) -> torch.Tensor | bool:
+    """Where ``c`` covers parameter ``name``: a mask on ``like``'s device, or a bool."""
+    got = c.covers(name)
+    return got.to(like.device) if isinstance(got, torch.Tensor) else bool(got)
+
+
+def coverage_average(
+    base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray, target: Target
+) -> Params:
+    """Each element's ω-weighted average over the contributions that cover it:
+    Δ_j = Σ_{i ∋ j} ω_i Δ_ij / Σ_{i ∋ j} ω_i, 0 where none does (RA-Fed's eq. 5; HeteroFL's
+    per-element average, ``salf.per_element``, with unequal ω)."""
+    update: Params = {}
+    for name, theta in base.params.items():
+        num = torch.zeros_like(theta)
+        den = torch.zeros_like(theta)
+        for c, wi in zip(contributions, w.tolist(), strict=True):
+            cover = covers_on(c, name, theta)
+            if cover is False:
+                continue
+            num.add_(c.delta[name], alpha=wi)  # (Δ_i is 0 outside its submodel)
+            den.add_(cover.to(theta.dtype) if isinstance(cover, torch.Tensor) else 1.0, alpha=wi)
+        held = den > 0
+        update[name] = torch.where(held, num / torch.where(held, den, 1.0), 0.0)
+    return update
 
 
 # ------------------------------------------------------------------ buffer policies

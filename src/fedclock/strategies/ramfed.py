@@ -10,7 +10,8 @@ Fed-RAA's description (docs/methods/ram-fed.md, which numbers the equations cite
   compute takes about as long as the fastest device's full task;
 - :class:`SubmodelWork` — eq. 2: each round client i keeps k_l of the C_l units of every
   hidden layer l, drawn uniformly without replacement (``random``: "arbitrarily assigned
-  neurons") or the first k_l (``static``: HeteroFL's prefix), as a
+  neurons"), the first k_l (``static``: HeteroFL's prefix) or a window of k_l units that
+  rolls one index per round (``rolling``: FedRolex, Alam et al. 2022), as a
   :class:`~fedclock.models.shapes.Neurons` task (a :data:`FULL` one when it keeps all);
 - :class:`ClientShare` — ω_i = p_i, the client's importance over the whole population;
 - :class:`MemoryAverage` — eq. 3–4 (``memory``, RAM-Fed): the server keeps each client's
@@ -44,12 +45,19 @@ from fedclock.models.shapes import (
 )
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, Params, TaskPlan
-from fedclock.strategies.aggregators import Target, Update, client_importance, keep_buffers
+from fedclock.strategies.aggregators import (
+    Target,
+    Update,
+    client_importance,
+    coverage_average,
+    covers_on,
+    keep_buffers,
+)
 from fedclock.strategies.base import Work
 
 log = logging.getLogger(__name__)
 
-EXTRACTIONS = ("random", "static")
+EXTRACTIONS = ("random", "static", "rolling")
 AGGREGATIONS = ("memory", "coverage")
 
 
@@ -63,6 +71,17 @@ def counts_at(q: int, widths: Sequence[int]) -> tuple[int, ...]:
 
 def prefix_keep(counts: Sequence[int]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(range(k)) for k in counts)
+
+
+def rolling_keep(
+    r: int, counts: Sequence[int], widths: Sequence[int]
+) -> tuple[tuple[int, ...], ...]:
+    """FedRolex's rolling window (Alam et al. 2022, §3): in round r a client keeping k_l of
+    the C_l units of layer l trains units (r + i) mod C_l, i = 0..k_l − 1 (sorted), so the
+    window moves one index per round and every unit is trained by every client size."""
+    return tuple(
+        tuple(sorted((r + i) % c for i in range(k))) for c, k in zip(widths, counts, strict=True)
+    )
 
 
 def submodel_counts(layout: Layout, shares: Sequence[float]) -> list[tuple[int, ...]]:
@@ -114,7 +133,9 @@ class SubmodelWork:
         extraction: str = "random",
     ) -> None:
         if extraction not in EXTRACTIONS:
-            raise ValueError(f"unknown extraction {extraction!r}; allowed: random, static")
+            raise ValueError(
+                f"unknown extraction {extraction!r}; allowed: {', '.join(EXTRACTIONS)}"
+            )
         self.full_plans, self.layout, self.extraction = full_plans, layout, extraction
         self.widths = hidden_widths(layout.param_shapes)
         self.counts = [tuple(int(k) for k in c) for c in counts]
@@ -136,6 +157,8 @@ class SubmodelWork:
         counts = self.counts[client]
         if self.extraction == "static":
             return prefix_keep(counts)
+        if self.extraction == "rolling":  # FedRolex: units r, r+1, …, r+k−1 (mod C) in round r
+            return rolling_keep(r, counts, self.widths)
         rng = ctx.rng("submodel", r, client)
         return tuple(
             tuple(int(u) for u in np.sort(rng.choice(c, size=k, replace=False)))
@@ -178,11 +201,6 @@ class ClientShare:
         return self.p[[c.client for c in contributions]]
 
 
-def _cover(c: Contribution, name: str, like: torch.Tensor) -> torch.Tensor | bool:
-    got = c.covers(name)
-    return got.to(like.device) if isinstance(got, torch.Tensor) else bool(got)
-
-
 class MemoryAverage:
     """Eq. 3–4, RAM-Fed as we read it: the server keeps G_i, client i's latest update of
     every element (eq. 3: G_i ← Δ_i where its round's submodel covers the element, else
@@ -201,11 +219,21 @@ class MemoryAverage:
         self, base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray,
         target: Target,
     ) -> Params:  # fmt: skip
+        # eq. 4 weights every client's memory, committed this round or not, by its p_i: a
+        # per-contribution ω cannot say that, so the only ω it takes is p_i itself
+        # (ClientShare's); any other weighting would be silently ignored, and is refused
+        if not np.array_equal(
+            np.asarray(w, dtype=np.float64), self.p[[c.client for c in contributions]]
+        ):
+            raise ValueError(
+                "MemoryAverage weights each client's latest update by its own importance p_i "
+                "(RAM-Fed eq. 4); it takes only ClientShare's weighting, not another ω"
+            )
         for c in contributions:  # eq. 3
             old = self.memory.get(c.client)
             g: dict[str, torch.Tensor] = {}
             for name, theta in base.params.items():
-                cover, d = _cover(c, name, theta), c.delta[name]
+                cover, d = covers_on(c, name, theta), c.delta[name]
                 prev = torch.zeros_like(theta) if old is None else old[name]
                 if isinstance(cover, torch.Tensor):
                     g[name] = torch.where(cover, d, prev)
@@ -219,27 +247,6 @@ class MemoryAverage:
                 acc.add_(self.memory[client][name], alpha=float(self.p[client]))
             update[name] = acc
         return update
-
-
-def coverage_average(
-    base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray, target: Target
-) -> Params:
-    """Eq. 5, RA-Fed: Δ_j = Σ_{i ∋ j} ω_i Δ_ij / Σ_{i ∋ j} ω_i over the contributions whose
-    submodel covers element j; 0 where none does. With equal ω it is HeteroFL's per-element
-    average (``salf.per_element``)."""
-    update: Params = {}
-    for name, theta in base.params.items():
-        num = torch.zeros_like(theta)
-        den = torch.zeros_like(theta)
-        for c, wi in zip(contributions, w.tolist(), strict=True):
-            cover = _cover(c, name, theta)
-            if cover is False:
-                continue
-            num.add_(c.delta[name], alpha=wi)  # (Δ_i is 0 outside its submodel)
-            den.add_(cover.to(theta.dtype) if isinstance(cover, torch.Tensor) else 1.0, alpha=wi)
-        held = den > 0
-        update[name] = torch.where(held, num / torch.where(held, den, 1.0), 0.0)
-    return update
 
 
 # --------------------------------------------------------------------- the strategy
@@ -260,7 +267,8 @@ def _refusal(model: nn.Module) -> str | None:
 def build_ramfed(cfg: Any, info: Any) -> Any:
     """RAM-Fed: :class:`SubmodelWork` (eq. 1–2) × barrier rounds over a fraction C of the
     clients × an :class:`Update` with :class:`ClientShare` and eq. 4 (``memory``) or eq. 5
-    (``coverage``), then the server step."""
+    (``coverage``), then the server step. ``fedrolex`` is the same with the rolling window
+    and the coverage average (FedRolex, docs/methods/fedrolex.md)."""
     from fedclock.errors import ConfigError
     from fedclock.strategies.base import Strategy
     from fedclock.strategies.planners import local_sgd_plan
@@ -270,10 +278,10 @@ def build_ramfed(cfg: Any, info: Any) -> Any:
 
     s = cfg.strategy
     if info.model is None or info.population is None:
-        raise ConfigError("Strategy 'ram-fed' needs the model and the population in BuildInfo.")
+        raise ConfigError(f"Strategy '{s.name}' needs the model and the population in BuildInfo.")
     why = _refusal(info.model)
     if why is not None:
-        raise ConfigError(f"Strategy 'ram-fed' {why}.")
+        raise ConfigError(f"Strategy '{s.name}' {why}.")
     units = build_units(info.model, info.layers, "paper")
     layout = Layout.of(info.model, units, info.model_bytes)
     t = cfg.train
@@ -284,20 +292,24 @@ def build_ramfed(cfg: Any, info: Any) -> Any:
     speed = np.asarray(info.population.speed, dtype=np.float64)
     counts = submodel_counts(layout, (speed / speed.max()).tolist())
     log.info(
-        "ram-fed: submodel rates %s", sorted(set(rates(counts, hidden_widths(layout.param_shapes))))
+        "%s: submodel rates %s",
+        s.name,
+        sorted(set(rates(counts, hidden_widths(layout.param_shapes)))),
     )
-    work = SubmodelWork(
-        full_plans=full_plans, layout=layout, counts=counts, extraction=s.extraction
-    )
+    # FedRolex: the rolling window, each element averaged over the clients that trained it
+    rolex = s.name == "fedrolex"
+    extraction = "rolling" if rolex else s.extraction
+    aggregation = "coverage" if rolex else s.aggregation
+    work = SubmodelWork(full_plans=full_plans, layout=layout, counts=counts, extraction=extraction)
     p = client_importance([int(n) for n in info.client_sizes], s.weights)
-    normaliser = MemoryAverage(p) if s.aggregation == "memory" else coverage_average
+    normaliser = MemoryAverage(p) if aggregation == "memory" else coverage_average
     aggregator = Update(
         ClientShare(p), normaliser=normaliser, buffers=keep_buffers,
         server=server_optimizer(s, lr=s.server_lr),
     )  # fmt: skip
     needs = Needs(shapes=frozenset({type(FULL), Neurons}), layout=layout, synchronous=True)
     return Strategy(
-        name="ram-fed",
+        name=s.name,
         planner=work,
         trigger=SyncRounds(client_fraction=s.client_fraction, work=work),
         aggregator=aggregator,

@@ -35,7 +35,7 @@ from fedclock.models.shapes import (
 )
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, Params, TaskPlan
-from fedclock.strategies.aggregators import Target, Update, keep_buffers
+from fedclock.strategies.aggregators import Target, Update, coverage_average, keep_buffers
 from fedclock.strategies.base import Draw
 from fedclock.strategies.planners import (
     DropWork,
@@ -131,8 +131,12 @@ def p_exact_deadline(
     return out
 
 
-def salf_layer_delta(w: torch.Tensor, deltas: Sequence[torch.Tensor], p: float) -> torch.Tensor:
-    """Eq. 9 for one layer as the update w̃ − w.
+def salf_layer_delta(
+    w: torch.Tensor, deltas: Sequence[torch.Tensor], p: float,
+    weights: Sequence[float] | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Eq. 9 for one layer as the update w̃ − w (``weights``: the mean over U^l weighted by
+    them, Σ ω_u Δ_u / Σ ω_u; None: the plain mean).
 
     w̃ = w if U^l is empty, else (mean_{U^l}(w + Δ_u) − p·w)/(1 − p) = w + mean_{U^l} Δ_u/(1 − p).
 
@@ -144,10 +148,23 @@ def salf_layer_delta(w: torch.Tensor, deltas: Sequence[torch.Tensor], p: float) 
     """
     if not deltas:
         return torch.zeros_like(w)
-    mean = torch.stack(list(deltas)).mean(dim=0)
+    if weights is None:
+        mean = torch.stack(list(deltas)).mean(dim=0)
+    else:
+        mean = sum_weighted(w, deltas, weights) / sum(weights)
     if p >= 1.0:
         return mean
     return mean / (1.0 - p)
+
+
+def sum_weighted(
+    w: torch.Tensor, deltas: Sequence[torch.Tensor], weights: Sequence[float]
+) -> torch.Tensor:
+    """Σ_u ω_u Δ_u (0 for no update)."""
+    acc = torch.zeros_like(w)
+    for d, wi in zip(deltas, weights, strict=True):
+        acc.add_(d, alpha=wi)
+    return acc
 
 
 def divide_by_u_delta(
@@ -214,10 +231,19 @@ class SalfWeighting:
         return np.full(len(contributions), 1.0 / max(1, n))
 
 
+def _equal(w: np.ndarray) -> bool:
+    """Whether every ω is the same (then a plain mean is the ω-weighted one)."""
+    return len(w) == 0 or bool(np.all(w == w[0]))
+
+
 class PerUnit:
     """The per-unit normaliser: eq. 9 per unit over the users that sent it (U^l, read
     from ``Contribution.covers``), mean Δ/(1 − p_l) — p = 0 is a plain mean (drop-stragglers,
-    vanilla, AsyncFL) — or, in ``reference`` mode, (1/U) Σ Δ_u over every tensor."""
+    vanilla, AsyncFL) — or, in ``reference`` mode, (1/U) Σ Δ_u over every tensor.
+
+    The mean is ω-weighted (Σ_{U^l} ω_u Δ_u / Σ_{U^l} ω_u) and reference mode's sum is
+    Σ_u ω_u Δ_u; with SALF's ω (equal, 1/U in reference mode) they are computed as the plain
+    mean and (1/U)·ΣΔ, the operations of eq. 9 and of the authors' code."""
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
@@ -232,14 +258,22 @@ class PerUnit:
         target: Target,
     ) -> Params:  # fmt: skip
         update: Params = {}
+        equal = _equal(w)
+        by_u = equal and (len(w) == 0 or w[0] == 1.0 / self.num_users)
         for name, theta in base.params.items():
             if self.mode == "reference":  # every user's Δ (0 where it did not train)
                 deltas = [c.delta[name] for c in contributions]
-                update[name] = divide_by_u_delta(theta, deltas, self.num_users)
+                if by_u:
+                    update[name] = divide_by_u_delta(theta, deltas, self.num_users)
+                else:  # Σ_u ω_u Δ_u
+                    update[name] = sum_weighted(theta, deltas, w.tolist())
             else:
-                held = [t for c in contributions if (t := target(c, name, theta)) is not None]
+                got = [(t, wi) for c, wi in zip(contributions, w.tolist(), strict=True)
+                       if (t := target(c, name, theta)) is not None]  # fmt: skip
+                held = [t for t, _ in got]
                 unit = self.units.of_param[name]
-                update[name] = salf_layer_delta(theta, held, self.p_values[unit - 1])
+                weights = None if equal else [wi for _, wi in got]
+                update[name] = salf_layer_delta(theta, held, self.p_values[unit - 1], weights)
         return update
 
 
@@ -247,7 +281,11 @@ def per_element(
     base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray, target: Target
 ) -> Params:
     """The per-element normaliser (HeteroFL): each element's Δ averaged over the
-    contributions covering it (``Contribution.coverage``: a mask, or the whole tensor)."""
+    contributions covering it (``Contribution.coverage``: a mask, or the whole tensor),
+    weighted by ω (:func:`~fedclock.strategies.aggregators.coverage_average`); with equal ω
+    (HeteroFL's 1/n) the plain per-element mean, as the paper's."""
+    if not _equal(w):
+        return coverage_average(base, contributions, w, target)
     update: Params = {}
     for name, theta in base.params.items():
         masks = []
