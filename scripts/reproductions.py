@@ -1339,6 +1339,90 @@ CIS_100R = register(
     )
 )
 
+# ----------------------------------------------------------------------------- client drift
+DRIFT_STRATEGIES = ("fedavg", "fedprox", "scaffold", "feddyn")
+DRIFT_TIMES = (50, 100, 200, 400)
+DRIFT_TARGETS = (0.9, 0.95)
+
+
+def drift_collect(root: Path) -> dict[Key, float]:
+    """Per strategy and seed of the noniid-mnist comparison: test accuracy at the read-out
+    times, the final test loss, the server steps and the time to 90 % and 95 %."""
+    out: dict[Key, float] = {}
+    for name in DRIFT_STRATEGIES:
+        for run, seed in seed_dirs(root / "noniid", f"runs/{name}/seed-*"):
+            rows, end = read_metrics(run), run_end(run)
+            for t in DRIFT_TIMES:
+                out[(name, seed, f"acc@{t}")] = at(rows, t, end=end)
+            out[(name, seed, "loss@end")] = rows[-1]["test_loss"]
+            out[(name, seed, "steps")] = rows[-1]["aggregation"]
+            for target in DRIFT_TARGETS:
+                out[(name, seed, f"time@{target}")] = time_to(rows, target)
+    return out
+
+
+def _drift_seeds(res: Results) -> list[int]:
+    return sorted({s for _, s, _ in res.values})
+
+
+def drift_table(res: Results) -> str:
+    seeds = _drift_seeds(res)
+    header = [
+        "strategy",
+        *[f"accuracy at {t} s (%)" for t in DRIFT_TIMES],
+        "test loss at 400 s",
+        "server steps",
+        *[f"time to {round(100 * g)} % (s)" for g in DRIFT_TARGETS],
+    ]
+    rows = []
+    for name in DRIFT_STRATEGIES:
+        rows.append(
+            [
+                f"`{name}`",
+                *[mean_sd(res.per_seed(name, f"acc@{t}", seeds)) for t in DRIFT_TIMES],
+                mean_sd(res.per_seed(name, "loss@end", seeds), scale=1.0, digits=3),
+                mean_sd(res.per_seed(name, "steps", seeds), scale=1.0, digits=0),
+                *[mean_sd(res.per_seed(name, f"time@{g}", seeds), 1.0, 0) for g in DRIFT_TARGETS],
+            ]
+        )
+    return table_md(header, rows)
+
+
+def drift_paired(res: Results) -> str:
+    """Each method − FedAvg, seed by seed (common random numbers), and the sign verdict of
+    "it is ahead of FedAvg"."""
+    seeds = _drift_seeds(res)
+    header = ["method − FedAvg", *[f"at {t} s (points)" for t in DRIFT_TIMES], "ahead at 400 s"]
+    rows = []
+    for name in DRIFT_STRATEGIES[1:]:
+        cells = []
+        for t in DRIFT_TIMES:
+            a = res.per_seed(name, f"acc@{t}", seeds)
+            b = res.per_seed("fedavg", f"acc@{t}", seeds)
+            cells.append(spread([100 * (x - y) for x, y in zip(a, b, strict=True)]))
+        a = res.per_seed(name, "acc@400", seeds)
+        b = res.per_seed("fedavg", "acc@400", seeds)
+        verdict = sign_verdict([100 * (x - y) for x, y in zip(a, b, strict=True)], +1)
+        rows.append([f"`{name}`", *cells, verdict])
+    return table_md(header, rows)
+
+
+DRIFT = register(
+    Table(
+        name="client-drift",
+        page="client-drift.md",
+        seeds=(1, 2, 3),
+        prelude='C="--jobs 1 --batch-runs 1 -q --set executor.threads=1"',
+        commands=(
+            "fedclock compare --preset noniid-mnist --data-dir {data} --seeds {seeds} $C "
+            "--out {root}/noniid",
+        ),
+        collect=drift_collect,
+        blocks={"table": drift_table, "paired": drift_paired},
+        tolerance={"acc": 0.005, "loss": 0.01, "steps": 0.0, "time": 10.0},
+    )
+)
+
 for _t in TABLES.values():
     _t.blocks["commands"] = commands_block(_t)
 

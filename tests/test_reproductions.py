@@ -103,6 +103,30 @@ def test_fedraa_reading_by_the_papers_protocol(tmp_path: Path) -> None:
     assert got[("fed-raa@one", 1, "acc@100")] == 0.95
 
 
+def test_client_drift_reading_by_hand(tmp_path: Path) -> None:
+    """Accuracy at t = the last evaluation at or before t; time to 90 % / 95 % = the first
+    evaluation at or above; loss and server steps from the last row; a seed minus FedAvg's
+    same seed in the paired block."""
+    rows = [(0.0, 0.1, 0, 2.3), (40.0, 0.91, 20, 0.4), (120.0, 0.94, 60, 0.2),
+            (260.0, 0.951, 130, 0.15), (400.0, 0.96, 200, 0.13)]  # fmt: skip
+    for name, shift in (("fedavg", 0.0), ("scaffold", 0.01)):
+        run = tmp_path / "noniid" / "runs" / name / "seed-1"
+        run.mkdir(parents=True)
+        lines = ["virtual_time,aggregation,test_accuracy,test_loss"]
+        lines += [f"{t},{a},{acc + shift},{loss}" for t, acc, a, loss in rows]
+        (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+        (run / "summary.json").write_text(
+            json.dumps({"status": "completed", "virtual_time": 400.0})
+        )
+    got = rep.TABLES["client-drift"].collect(tmp_path)
+    assert got[("fedavg", 1, "acc@50")] == 0.91 and got[("fedavg", 1, "acc@200")] == 0.94
+    assert got[("fedavg", 1, "time@0.9")] == 40.0 and got[("fedavg", 1, "time@0.95")] == 260.0
+    assert got[("scaffold", 1, "time@0.95")] == 120.0  # 0.94 + 0.01
+    assert got[("fedavg", 1, "loss@end")] == 0.13 and got[("fedavg", 1, "steps")] == 200
+    paired = rep.drift_paired(rep.Results("client-drift", got))
+    assert "| `scaffold` | +1.00 | +1.00 | +1.00 | +1.00 | holds |" in paired
+
+
 def test_cis_unrouted_serving_weighted_accuracy_by_hand(tmp_path: Path) -> None:
     """Σ_e s_e·acc_e with each exit's accuracy on the whole test set; an Equal run is read
     at both serving rates (its routed 5-15-80 value from cis_accuracy_5-15-80)."""
