@@ -277,3 +277,29 @@ def test_feddyn_run_is_algorithm_1(float64: None) -> None:
         theta = {n: sum(y[n] for y in locals_) / m - h[n] / alpha for n in theta}
     for n in theta:
         torch.testing.assert_close(final.params[n], theta[n], rtol=EQUIV_TOL, atol=EQUIV_TOL)
+
+
+def test_per_client_momentum_is_the_strategys_state_not_the_executors() -> None:
+    """SALF's reference mode keeps each user's momentum across rounds: the buffers live in
+    the strategy's ClientState (checkpointed with it), the executor only holds a reference."""
+    import importlib.util
+
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("golden", REPO / "scripts" / "golden.py")
+    assert spec is not None and spec.loader is not None
+    golden = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(golden)
+    cfg = golden.config_for("salf-reference")
+    parts = _build(cfg, None)
+    assert parts.strategy.needs.momentum_per_client
+    momentum = parts.strategy.client_state.momentum
+    executor = parts.executor
+    serial = getattr(executor, "_serial_fallback", executor)
+    assert serial.momentum_store is momentum and not type(serial).checkpoint_fields
+    sim = Simulator(strategy=parts.strategy, executor=executor, population=parts.population,
+                    initial=parts.initial, seed=cfg.seed, budget=Budget(aggregations=2))  # fmt: skip
+    sim.run()
+    assert momentum and all(
+        isinstance(t, torch.Tensor) for b in momentum.values() for t in b.values()
+    )

@@ -384,6 +384,6 @@ def test_models_it_cannot_split_are_refused(tmp_path) -> None:
 
 def test_unknown_options_are_refused() -> None:
     with pytest.raises(ConfigError, match="extraction"):
-        load_config(raw=tiny_raw(strategy={"name": "ram-fed", "extraction": "rolling"}))
+        load_config(raw=tiny_raw(strategy={"name": "ram-fed", "extraction": "sliding"}))
     with pytest.raises(ConfigError, match="ram-fed"):
         load_config(raw=tiny_raw(strategy={"name": "ram-fed", "fragments": 3}))

@@ -379,6 +379,7 @@ def _build(cfg: ExperimentConfig, lockstep: tuple[Any, int] | None) -> _Parts:
         ),
         kind=cfg.executor.kind, device=cfg.executor.device,
         max_batch_clients=cfg.executor.max_batch_clients, workers=cfg.executor.workers,
+        momentum_store=strategy.client_state.momentum,
     )  # fmt: skip
     importance = client_importance(sizes.tolist(), cfg.strategy.weights)
     return _Parts(strategy, population, executor, initial, sizes, importance, device,

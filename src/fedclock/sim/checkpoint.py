@@ -3,7 +3,7 @@
 What a run holds between two events — the simulator (clock, event heap, tasks in flight and
 their base model versions, results computed ahead, counters, the evaluations so far), the
 strategy's parts (rounds, buffers, update counts, random streams, server optimizer state),
-the executor's per-client momentum and the evaluator's best-validation record — is turned
+the strategy's per-client state (``ClientState``: momentum buffers, control variates) and the evaluator's best-validation record — is turned
 into dicts, lists, tuples, numbers, strings and tensors only, so the file loads with
 ``torch.load(weights_only=True)``: nothing in it can run code. The file is one header line
 (``fedclock-checkpoint <format> sha256:<digest>``) and then the ``torch.save`` bytes, whose

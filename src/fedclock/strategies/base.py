@@ -23,7 +23,7 @@ from fedclock.models.shapes import FULL
 from fedclock.sim.checkpoint import register_value_type
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
-from fedclock.strategies.client import ClientRule
+from fedclock.strategies.client import ClientRule, ClientState
 from fedclock.train.local import Needs
 
 
@@ -113,6 +113,9 @@ class Strategy:
     # the client side (strategies/client.py): local gradient terms, tensors sent down with
     # each task, per-client state; None: plain local SGD on what the planner asks
     client_rule: ClientRule | None = None
+    # what the strategy keeps per client (the rule's state; each client's momentum buffers
+    # under needs.momentum_per_client, which the executor reads and writes in place)
+    client_state: ClientState = field(default_factory=ClientState)
 
     def __post_init__(self) -> None:
         # the simulator calls these once per event: bind the parts' methods directly
@@ -125,6 +128,9 @@ class Strategy:
         dispatch = [f for f in (getattr(self.planner, "on_dispatch", None),) if f is not None]
         commit = [f for f in (getattr(self.planner, "on_commit", None),) if f is not None]
         rule = self.client_rule
+        state = getattr(rule, "state", None)
+        if isinstance(state, ClientState):  # one per-client store per strategy
+            self.client_state = state
         if rule is not None:
             dispatch.insert(0, self._attach_down)
             commit.append(rule.on_commit)

@@ -38,12 +38,18 @@ class ClientRule(Protocol):
 class ClientState:
     """Tensors kept per client between its tasks: ``client → key → parameter name → tensor``
     (SCAFFOLD's control variate c_i, FedDyn's ∇L_i(θ_i)). A client never seen holds zeros
-    (:meth:`get` with ``like``). Checkpointed; only the clients that have state take memory."""
+    (:meth:`get` with ``like``). Checkpointed; only the clients that have state take memory.
 
-    checkpoint_fields: ClassVar[tuple[str, ...]] = ("store",)
+    ``momentum`` (``client → parameter name → buffer``) is the local optimizer's momentum of
+    each client under ``Needs.momentum_per_client`` (SALF's and CIS's reference modes: the
+    authors' one optimizer per user): the executors read and write it in place, the strategy
+    owns it (``Strategy.client_state``)."""
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ("store", "momentum")
 
     def __init__(self) -> None:
         self.store: dict[int, dict[str, Params]] = {}
+        self.momentum: dict[int, Params] = {}
 
     def get(self, client: int, key: str, like: Params) -> Params:
         """The client's ``key`` tensors, or zeros shaped like ``like`` if it has none yet."""

@@ -227,10 +227,13 @@ class SerialExecutor:
     the same step on those tensors.
     ``trains_fully``: a layer-suffix task trains every tensor and sends tensors d..L_e (SALF's
     reference mode); ``persistent_momentum``: each client's momentum buffers persist across
-    its tasks in ``momentum_store`` (the authors' one optimizer per user).
+    its tasks in ``momentum_store`` (the authors' one optimizer per user) — the strategy's
+    :class:`~fedclock.strategies.client.ClientState` ``momentum`` dict, which the strategy
+    owns and the checkpoint stores; the executor keeps no run state of its own (without
+    persistence its buffers live for one task).
     """
 
-    checkpoint_fields: ClassVar[tuple[str, ...]] = ("momentum_store",)
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # (momentum_store is the strategy's)
 
     def __init__(
         self,
@@ -243,6 +246,7 @@ class SerialExecutor:
         layout: Layout | None = None,
         trains_fully: bool = False,
         persistent_momentum: bool = False,
+        momentum_store: dict[int, dict[str, torch.Tensor]] | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -253,7 +257,9 @@ class SerialExecutor:
         self.layout = layout
         self.trains_fully = trains_fully
         self.persistent_momentum = persistent_momentum
-        self.momentum_store: dict[int, dict[str, torch.Tensor]] = {}
+        self.momentum_store: dict[int, dict[str, torch.Tensor]] = (
+            {} if momentum_store is None else momentum_store
+        )
         self._x = data.x.to(self.device)
         self._y = data.y.to(self.device)
         self._names = [n for n, _ in model.named_parameters()]

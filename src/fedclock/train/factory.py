@@ -45,6 +45,7 @@ def make_executor(
     device: str = "cpu",
     max_batch_clients: int | None = None,
     workers: int | None = None,
+    momentum_store: dict[int, dict[str, torch.Tensor]] | None = None,
 ) -> SerialExecutor | VectorizedExecutor:
     """The executor for a strategy that declares ``needs``: one that runs every work shape
     from its program (``WorkShape.program``), for the ``needs.layout`` of the model.
@@ -52,6 +53,9 @@ def make_executor(
     ``serial`` runs one task after another; ``vectorized`` and ``auto`` (the default) a
     :class:`VectorizedExecutor` that batches tasks of equal programs and runs serially (logged
     once) what it cannot batch — partial work on a model with buffers runs serially.
+    ``momentum_store``: where each client's momentum buffers persist under
+    ``needs.momentum_per_client`` (the strategy's ``ClientState.momentum``, checkpointed with
+    it; None: a fresh dict, for an executor used alone).
     """
     if kind not in KINDS:
         raise ValueError(f"unknown executor {kind!r}; allowed: {', '.join(KINDS)}")
@@ -80,6 +84,7 @@ def make_executor(
     serial = SerialExecutor(
         model, data, seed=seed, local=local, device=dev, layout=needs.layout,
         trains_fully=needs.suffix_trains_fully, persistent_momentum=needs.momentum_per_client,
+        momentum_store=momentum_store if needs.momentum_per_client else None,
     )  # fmt: skip
     if kind == "serial":
         return serial

@@ -211,9 +211,7 @@ class VectorizedExecutor:
     :class:`~fedclock.train.executor.SerialExecutor`.
     """
 
-    checkpoint_fields: ClassVar[
-        tuple[str, ...]
-    ] = ()  # (the momentum store is its serial fallback's)
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # (the momentum store is the strategy's)
     checkpoint_skip: ClassVar[tuple[str, ...]] = ("_serial",)  # built lazily, stateless
 
     def __init__(
