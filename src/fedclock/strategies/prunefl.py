@@ -193,6 +193,8 @@ class InitialPruning:
     client: int
 
 
+# (over 80 lines: the initial pruning's loop of SGD rounds and reconfigurations and its
+# stopping rule share their state: PruneFL's initial-pruning stage in one place)
 def initial_pruning(
     model: torch.nn.Module,
     x: torch.Tensor,

@@ -214,6 +214,8 @@ class VectorizedExecutor:
     checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # (the momentum store is the strategy's)
     checkpoint_skip: ClassVar[tuple[str, ...]] = ("_serial",)  # built lazily, stateless
 
+    # (over 80 lines: one attribute per setting and per running-block mode, each with its
+    # reason beside it)
     def __init__(
         self,
         model: nn.Module,
@@ -288,6 +290,13 @@ class VectorizedExecutor:
         linears = mlp_linears(model) if MlpGrad.applies(model, self.loss) else None
         self._mlp_grad = MlpGrad(linears) if linears is not None else None
         self._block_grad: MlpGrad | None = None  # the running block's, when it uses it
+        # the running block's mode (_block_mode): its fragment masks (index in its tensors,
+        # mask), whether they are each task's own (C, ...) (transient shapes), whether
+        # masked-out elements stay at the base (else zero), Σ_k g_k² per client (PruneFL)
+        self._block_masks: list[tuple[int, torch.Tensor]] = []
+        self._masks_per_task = False
+        self._mask_base = False
+        self._block_sq: list[torch.Tensor] | None = None
         self._x_rows = self._x.reshape(len(self._x), -1)  # (a view: one row per sample)
         self._step = vmap(grad_and_value(self._loss))
         self._step_weighted = vmap(grad_and_value(self._loss_weighted))
@@ -513,20 +522,72 @@ class VectorizedExecutor:
                     rows[j, s, : len(local)] = idx[j][local]
         return rows
 
-    # (over 80 lines: one block's setup — rows, stacked parameters, frozen tensors,
-    # BatchNorm statistics, momentum — in the order the hot loop needs them; each part
-    # reads the ones before)
     def _run_block(
         self, tasks: Sequence[Task], owners: Sequence[VectorizedExecutor] | None = None
     ) -> list[Contribution]:
         """Train one block. ``owners``: the executor of each task when the block joins tasks
         of several runs (run batching; equal :meth:`joint_signature`): each task's batches,
-        client size and momentum buffers are its own run's."""
+        client size and momentum buffers are its own run's. The setup — rows, the block's
+        mode, the stacked tensors, momentum — reads in the order the hot loop needs it."""
         base: ModelVersion = tasks[0].base
         shared = all(t.base is base for t in tasks)
         n_clients = len(tasks)
-        b = tasks[0].plan.batch_size
         steps = [t.plan.local_steps for t in tasks]  # non-increasing
+        n_steps = steps[0] if steps else 0
+        got = self._block_rows(tasks, owners, steps)
+        if got is None:  # not expected: _why_serial sends such tasks serially
+            self._log_once("a BatchNorm model's batch statistics would include padded rows")
+            return [self._serial_executor().run_one(t) for t in tasks]
+        rows, active, partial, weights = got
+        names, fixed, views, rate = self._block_mode(tasks)
+
+        def cut(t: torch.Tensor, n: str) -> torch.Tensor:  # a submodel's slice of a tensor
+            return t[views[n]] if views is not None else t
+
+        params, base_params, frozen, stats = self._block_tensors(tasks, names, fixed, cut, shared)
+        bufs = self._block_momentum(tasks, owners, names, params, cut)
+        loss_sum = torch.zeros(n_clients, dtype=torch.float64, device=self.device)
+        shape = tasks[0].plan.shape
+        if shape is not FULL and self._program(shape).sq_grads:
+            self._block_sq = [torch.zeros_like(p) for p in params]
+        if not self._mask_base:
+            with torch.no_grad():  # a fragment's model holds only its elements
+                for i, m in self._block_masks:
+                    params[i].mul_(m)
+        down = self._stack_down(tasks, names, cut)
+        scale = Scale(rate) if rate is not None else None
+        hooks = [m.register_forward_hook(scale) for m in self._scaled] if scale else []
+        flat = (
+            self._block_grad is not None and not fixed and stats is None
+            and all(k == n_clients for k in active)
+            and n_clients * sum(p[0].numel() for p in params) <= FLAT_ELEMENTS
+        )  # fmt: skip
+        try:
+            if flat:
+                self._train_steps_flat(
+                    n_steps, rows, params, names, shared, partial, weights, bufs, loss_sum,
+                    base_params, down,
+                )  # fmt: skip
+            else:
+                self._train_steps(
+                    n_steps, active, rows, params, names, fixed, frozen, shared, partial,
+                    weights, bufs, loss_sum, n_clients, stats, base_params, down,
+                )  # fmt: skip
+        finally:
+            for h in hooks:
+                h.remove()
+        return self._contributions(tasks, names, fixed, params, base_params, shared, bufs,
+                                   loss_sum, steps, views, stats, owners)  # fmt: skip
+
+    def _block_rows(
+        self, tasks: Sequence[Task], owners: Sequence[VectorizedExecutor] | None,
+        steps: list[int],
+    ) -> tuple[torch.Tensor, list[int], list[bool], torch.Tensor | None] | None:  # fmt: skip
+        """The block's rows (C, S, B) on the device, the clients still training at each step
+        (a prefix), which steps have a short batch, and the row weights of those (1/count on
+        real rows, 0 on padding; None: no short batch). None: a BatchNorm block with a short
+        batch (its statistics would include padded rows)."""
+        b = tasks[0].plan.batch_size
         n_steps = steps[0] if steps else 0
         rows_cpu = (
             self._rows(tasks, steps, b)
@@ -540,57 +601,71 @@ class VectorizedExecutor:
             partial = ((counts < b) & (counts > 0)).any(0).tolist()
         else:
             partial = [False] * n_steps
-        if self._bn and any(partial):  # not expected: _why_serial sends such tasks serially
-            self._log_once("a BatchNorm model's batch statistics would include padded rows")
-            return [self._serial_executor().run_one(t) for t in tasks]
+        if self._bn and any(partial):
+            return None
         rows = rows_cpu.to(self.device)
+        weights = None
         if any(partial):
-            dtype = base.params[self._names[0]].dtype  # not the input's: tokens are int64
+            dtype = tasks[0].base.params[self._names[0]].dtype  # not the input's (tokens: int64)
             weights = torch.where(  # 1/count in the parameters' dtype (float64 models: exact)
                 rows >= 0, 1.0 / counts.clamp(min=1).to(self.device, dtype).unsqueeze(-1), 0.0
             )
             rows = rows.clamp(min=0)
+        return rows, active, partial, weights
 
+    def _block_mode(
+        self, tasks: Sequence[Task]
+    ) -> tuple[list[str], list[str], Mapping[str, tuple[slice, ...]] | None, float | None]:
+        """What the block's work shape trains: the trained and the frozen tensors' names, a
+        submodel's slices and its Scaler rate; sets the running block's step (``_block_grad``),
+        rate, loss, masks and whether masked-out elements stay at the base."""
         shape = tasks[0].plan.shape
+        base = tasks[0].base
         self._block_grad = self._mlp_grad if self._by_hand(shape) else None
         self._block_lr = self.local.lr * tasks[0].plan.lr_scale
         self._block_loss = self.loss
-        self._block_masks: list[tuple[int, torch.Tensor]] = []
-        self._masks_per_task = False  # block masks (C, ...): each task's own (transient shapes)
-        self._mask_base = False  # masked-out elements frozen at the base (else zero)
-        self._block_sq: list[torch.Tensor] | None = None  # Σ_k g_k² per client (PruneFL)
+        self._block_masks = []
+        self._masks_per_task = False
+        self._mask_base = False
+        self._block_sq = None
         if shape is FULL:
-            names, fixed, views, rate = self._names, [], None, None
-        else:  # e.g. a SALF suffix: units d..L train, the prefix is a frozen input
-            prog = self._program(shape)
-            trains = set(prog.trains)
-            names = [n for n in self._names if n in trains]
-            fixed = [n for n in self._names if n not in trains]
-            views, rate = prog.views, prog.scale
-            if prog.loss is not None:
-                self._block_loss = prog.loss
-            self._mask_base = prog.mask_fill == "base"
-            if getattr(shape, "transient", False):  # each task's masks, stacked (C, ...)
-                progs = [self._program(t.plan.shape) for t in tasks]
-                masked = {n for p in progs for n in (p.masks or {})}
-                self._masks_per_task = True
-                self._block_masks = [
-                    (i, torch.stack([
-                        p.masks[n] if p.masks and n in p.masks
-                        else torch.ones(base.params[n].shape, dtype=torch.bool)
-                        for p in progs
-                    ]).to(self.device))
-                    for i, n in enumerate(names) if n in masked
-                ]  # fmt: skip
-            elif prog.masks:  # a model fragment: (index in names, its element mask)
-                self._block_masks = [
-                    (i, prog.masks[n].to(self.device)) for i, n in enumerate(names)
-                    if n in prog.masks
-                ]  # fmt: skip
+            return self._names, [], None, None
+        # e.g. a SALF suffix: units d..L train, the prefix is a frozen input
+        prog = self._program(shape)
+        trains = set(prog.trains)
+        names = [n for n in self._names if n in trains]
+        fixed = [n for n in self._names if n not in trains]
+        if prog.loss is not None:
+            self._block_loss = prog.loss
+        self._mask_base = prog.mask_fill == "base"
+        if getattr(shape, "transient", False):  # each task's masks, stacked (C, ...)
+            progs = [self._program(t.plan.shape) for t in tasks]
+            masked = {n for p in progs for n in (p.masks or {})}
+            self._masks_per_task = True
+            self._block_masks = [
+                (i, torch.stack([
+                    p.masks[n] if p.masks and n in p.masks
+                    else torch.ones(base.params[n].shape, dtype=torch.bool)
+                    for p in progs
+                ]).to(self.device))
+                for i, n in enumerate(names) if n in masked
+            ]  # fmt: skip
+        elif prog.masks:  # a model fragment: (index in names, its element mask)
+            self._block_masks = [
+                (i, prog.masks[n].to(self.device)) for i, n in enumerate(names)
+                if n in prog.masks
+            ]  # fmt: skip
+        return names, fixed, prog.views, prog.scale
 
-        def cut(t: torch.Tensor, n: str) -> torch.Tensor:  # a submodel's slice of a tensor
-            return t[views[n]] if views is not None else t
-
+    def _block_tensors(
+        self, tasks: Sequence[Task], names: list[str], fixed: list[str],
+        cut: Callable[[torch.Tensor, str], torch.Tensor], shared: bool,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], Params, Params | None]:  # fmt: skip
+        """The stacked (C, …) trained parameters, their base (one expanded copy when the
+        block shares a snapshot), the frozen tensors, and BatchNorm's running statistics (one
+        slice per client, updated in place by each step; None without BatchNorm)."""
+        base = tasks[0].base
+        n_clients = len(tasks)
         if shared:  # one snapshot: expand it
             base_params = [cut(base.params[n], n).to(self.device) for n in names]
             params = [p.unsqueeze(0).expand(n_clients, *p.shape).clone() for p in base_params]
@@ -604,10 +679,9 @@ class VectorizedExecutor:
             frozen = {
                 n: torch.stack([t.base.params[n] for t in tasks]).to(self.device) for n in fixed
             }
-        # BatchNorm running statistics: one slice per client, updated in place by each step
         if not self._bn:
-            stats: Params | None = None
-        elif shared:
+            return params, base_params, frozen, None
+        if shared:
             stats = {
                 n: base.buffers[n].to(self.device).unsqueeze(0)
                 .expand(n_clients, *base.buffers[n].shape).clone()
@@ -618,55 +692,30 @@ class VectorizedExecutor:
                 n: torch.stack([t.base.buffers[n] for t in tasks]).to(self.device)
                 for n in self._buffer_names
             }
-        if stats is not None:
-            self.model.train()
+        self.model.train()
+        return params, base_params, frozen, stats
+
+    def _block_momentum(
+        self, tasks: Sequence[Task], owners: Sequence[VectorizedExecutor] | None,
+        names: list[str], params: list[torch.Tensor],
+        cut: Callable[[torch.Tensor, str], torch.Tensor],
+    ) -> list[torch.Tensor]:  # fmt: skip
+        """The block's momentum buffers: none without momentum, zeros when each task starts
+        afresh, else each client's kept buffers (its run's store; 0 for a client without one
+        yet, torch.optim.SGD's first step)."""
         stores = self._stores(tasks, owners)
         if not self.local.momentum:
-            bufs: list[torch.Tensor] = []
-        elif stores is None:
-            bufs = [torch.zeros_like(p) for p in params]
-        else:  # a client without a buffer yet starts from 0 (= torch.optim.SGD's first step)
-            bufs = [
-                torch.stack([
-                    cut(st[t.client][n], n) if n in st.get(t.client, {})
-                    else torch.zeros_like(p[0])
-                    for t, st in zip(tasks, stores, strict=True)
-                ])
-                for n, p in zip(names, params, strict=True)
-            ]  # fmt: skip
-        loss_sum = torch.zeros(n_clients, dtype=torch.float64, device=self.device)
-        if shape is not FULL and self._program(shape).sq_grads:
-            self._block_sq = [torch.zeros_like(p) for p in params]
-        if not self._mask_base:
-            with torch.no_grad():  # a fragment's model holds only its elements
-                for i, m in self._block_masks:
-                    params[i].mul_(m)
-
-        down = self._stack_down(tasks, names, cut)
-        scale = Scale(rate) if rate is not None else None
-        hooks = [m.register_forward_hook(scale) for m in self._scaled] if scale else []
-        flat = (
-            self._block_grad is not None and not fixed and stats is None
-            and all(k == n_clients for k in active)
-            and n_clients * sum(p[0].numel() for p in params) <= FLAT_ELEMENTS
-        )  # fmt: skip
-        try:
-            if flat:
-                self._train_steps_flat(
-                    n_steps, rows, params, names, shared, partial,
-                    weights if any(partial) else None, bufs, loss_sum, base_params, down,
-                )  # fmt: skip
-            else:
-                self._train_steps(
-                    n_steps, active, rows, params, names, fixed, frozen, shared, partial,
-                    weights if any(partial) else None, bufs, loss_sum, n_clients, stats,
-                    base_params, down,
-                )  # fmt: skip
-        finally:
-            for h in hooks:
-                h.remove()
-        return self._contributions(tasks, names, fixed, params, base_params, shared, bufs,
-                                   loss_sum, steps, views, stats, owners)  # fmt: skip
+            return []
+        if stores is None:
+            return [torch.zeros_like(p) for p in params]
+        return [
+            torch.stack([
+                cut(st[t.client][n], n) if n in st.get(t.client, {})
+                else torch.zeros_like(p[0])
+                for t, st in zip(tasks, stores, strict=True)
+            ])
+            for n, p in zip(names, params, strict=True)
+        ]  # fmt: skip
 
     def _stack_down(
         self, tasks: Sequence[Task], names: list[str],
@@ -834,6 +883,8 @@ class VectorizedExecutor:
                     p_views[i].mul_(m)
                 loss_sum += loss
 
+    # (over 80 lines: the momentum write-back, the deltas — in place as views under
+    # synchronous rounds, else one fused subtraction — and each contribution's record)
     def _contributions(
         self, tasks: Sequence[Task], names: list[str], fixed: list[str],
         params: list[torch.Tensor], base_params: list[torch.Tensor], shared: bool,
