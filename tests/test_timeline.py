@@ -201,3 +201,48 @@ def test_the_figure_shows_at_most_50_clients_and_a_window(tmp_path: Path) -> Non
     assert window == (0.0, 4.0) and drawn == 100
     _, _, _, clients, window, drawn = draw.figure(tl, window=(5.0, 9.0))
     assert drawn == 50 * 3 and window == (5.0, 9.0)  # dispatched at 4 (ending after 5), 6, 8
+
+
+# every way issue 46 found to crash `fedclock report` through timeline.csv, and a few more:
+# (what is done to the file, the words of the sentence the page shows instead of the figure)
+DAMAGES = {
+    "non-finite": (lambda lines: _cell(lines, 3, 5, "inf"), "compute_s is not a finite number"),
+    "nan": (lambda lines: _cell(lines, 3, 3, "nan"), "t_start is not a finite number"),
+    "blank line": (lambda lines: [*lines[:4], "", *lines[4:]], "not a row of the timeline"),
+    "unknown outcome": (lambda lines: _cell(lines, 3, 8, "lost"), "unknown outcome 'lost'"),
+    "counts not an object": (lambda lines: [timeline_mod.MAGIC + "[1, 2]", *lines[1:]],
+                             "not the timeline's counts"),
+    "end not a number": (lambda lines: [lines[0].replace('"end": ', '"end": "x", "e": '),
+                                        *lines[1:]], "count 'end' is not a finite number"),
+    "short row": (lambda lines: [*lines[:4], "task,1,2", *lines[4:]], "not a row of the timeline"),
+    "bad client": (lambda lines: _cell(lines, 3, 2, "x"), "client is not a finite number"),
+}  # fmt: skip
+
+
+def _cell(lines: list[str], row: int, col: int, value: str) -> list[str]:
+    cells = lines[row].split(",")
+    cells[col] = value
+    return [*lines[:row], ",".join(cells), *lines[row + 1 :]]
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_report_on_a_damaged_timeline_names_the_line_and_writes_the_rest(
+    damage: str, tmp_path: Path
+) -> None:
+    """`fedclock report` on a run whose timeline.csv was damaged: no traceback, the page is
+    written with one sentence (the file and its line) where the timeline would be."""
+    from typer.testing import CliRunner
+
+    from fedclock.cli import app
+
+    run_dir, _ = _run(tmp_path, "drop-stragglers")
+    path = run_dir / TIMELINE_FILE
+    change, words = DAMAGES[damage]
+    path.write_text("\n".join(change(path.read_text().splitlines())) + "\n")
+    with pytest.raises(ValueError, match=rf"{TIMELINE_FILE}, line \d+: .*{words}"):
+        read_timeline(path)
+    res = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    assert len([x for x in res.output.splitlines() if x.strip()]) <= 6
+    page = (run_dir / "report.html").read_text()
+    assert words in page.replace("&#x27;", "'") and "test accuracy" in page.lower()

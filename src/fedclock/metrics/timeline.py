@@ -234,44 +234,76 @@ _BLANKS = ("staleness", "t_server")  # (blank where the task was never aggregate
 
 
 def read_timeline(path: Path) -> Timeline:
-    """Read a :data:`TIMELINE_FILE`; ``ValueError`` (one sentence) if it is not one (a
-    10,000-task file in about 50 ms)."""
-    damaged = ValueError(f"{path} is damaged: a row does not have the timeline's columns.")
+    """Read a :data:`TIMELINE_FILE`, checking every line; ``ValueError`` (one sentence naming
+    the file and the line) if it is not one or is damaged — a row without the timeline's
+    columns, a blank line, a number that is not a finite number, an outcome it does not know,
+    a first line that is not the counts object (a 10,000-task file in about 60 ms)."""
     with path.open(newline="", encoding="utf-8") as fh:
         first = fh.readline()
         if not first.startswith(MAGIC):
             raise ValueError(f"{path} is not a fedclock device timeline (its first line differs).")
-        try:
-            meta = json.loads(first[len(MAGIC) :])
-        except ValueError:
-            raise ValueError(
-                f"{path} is damaged: its first line is not the timeline's counts."
-            ) from None
+        meta = _read_counts(path, first[len(MAGIC) :])
         if not fh.readline().startswith("#"):  # (the line of words)
-            raise damaged
+            raise ValueError(f"{path}, line 2: not the timeline's description line.")
         rows = list(csv.reader(fh))
     if not rows or tuple(rows[0]) != COLUMNS:
-        raise damaged
-    task_rows = [r for r in rows[1:] if r[0] == "task"]
-    agg_rows = [r for r in rows[1:] if r[0] == "aggregation"]
-    if len(task_rows) + len(agg_rows) != len(rows) - 1:
-        raise damaged
-    cols = dict(zip(COLUMNS, zip(*task_rows, strict=True), strict=True)) if task_rows else {}
-    nan = math.nan
-    try:
-        tasks: dict[str, Any] = {}
+        raise ValueError(f"{path}, line 3: not the timeline's column names.")
+    task_rows, agg_rows = [], []
+    for line, r in enumerate(rows[1:], start=4):
+        kind = r[0] if len(r) == len(COLUMNS) else None
+        if kind == "task":
+            task_rows.append((line, r))
+        elif kind == "aggregation":
+            agg_rows.append((line, r))
+        else:
+            raise ValueError(f"{path}, line {line}: not a row of the timeline's columns.")
+    tasks: dict[str, Any] = {c: [] for c in (*_FLOAT, *_INT, "outcome", "work")}
+    index = {c: COLUMNS.index(c) for c in tasks}
+    agg_t, agg_v = [], []
+    for line, r in task_rows:
         for c in _FLOAT:
-            v = cols.get(c, ())
-            tasks[c] = np.array(
-                [float(x) if x else nan for x in v] if c in _BLANKS else list(map(float, v)),
-                dtype=np.float64,
-            )
+            tasks[c].append(_number(path, line, c, r[index[c]], blank=c in _BLANKS))
         for c in _INT:
-            tasks[c] = np.array(list(map(int, cols.get(c, ()))), dtype=np.int64)
-        agg_t = np.array([float(r[3]) for r in agg_rows], dtype=np.float64)
-        agg_v = np.array([int(r[9]) for r in agg_rows], dtype=np.int64)
-    except (ValueError, IndexError):
-        raise damaged from None
-    tasks["outcome"] = list(cols.get("outcome", ()))
-    tasks["work"] = list(cols.get("work", ()))
-    return Timeline(meta, tasks, agg_t, agg_v)
+            tasks[c].append(int(_number(path, line, c, r[index[c]], integer=True)))
+        if r[index["outcome"]] not in OUTCOMES:
+            raise ValueError(f"{path}, line {line}: unknown outcome {r[index['outcome']]!r}.")
+        tasks["outcome"].append(r[index["outcome"]])
+        tasks["work"].append(r[index["work"]])
+    for line, r in agg_rows:
+        agg_t.append(_number(path, line, "t_start", r[3]))
+        agg_v.append(int(_number(path, line, "base_version", r[9], integer=True)))
+    out: dict[str, Any] = {c: np.array(tasks[c], dtype=np.float64) for c in _FLOAT}
+    out.update({c: np.array(tasks[c], dtype=np.int64) for c in _INT})
+    out["outcome"], out["work"] = tasks["outcome"], tasks["work"]
+    return Timeline(meta, out, np.array(agg_t, dtype=np.float64), np.array(agg_v, dtype=np.int64))
+
+
+def _read_counts(path: Path, text: str) -> dict[str, Any]:
+    """The first line's counts: a JSON object of non-negative integers and a finite ``end``."""
+    bad = ValueError(f"{path}, line 1: not the timeline's counts.")
+    try:
+        meta = json.loads(text)
+    except ValueError:
+        raise bad from None
+    if not isinstance(meta, dict):
+        raise bad
+    for key, value in meta.items():
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or (key != "end" and value != int(value)):
+            raise ValueError(f"{path}, line 1: the count {key!r} is not a finite number.")
+    return meta
+
+
+def _number(
+    path: Path, line: int, column: str, text: str, *, blank: bool = False, integer: bool = False
+) -> float:
+    """A finite number of the file (NaN for a blank where ``blank``); one sentence if not."""
+    if blank and text == "":
+        return math.nan
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"{path}, line {line}: {column} is not a finite number ({text!r}).")
+    return value
