@@ -306,7 +306,11 @@ def test_a_full_disk_mid_run_is_one_sentence_and_keeps_the_metrics(tmp_path, mon
     res = runner.invoke(app, ["run", _cfg(tmp_path, tiny_raw()), "--out", str(out)])
     assert res.exit_code == 2 and "Traceback" not in res.output
     lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert lines == [f"error: Could not use {out / 'metrics.csv'}: no space left on device."]
+    assert lines == [
+        f"error: Could not use {out / 'metrics.csv'}: no space left on device; free some space "
+        "(or raise the file-size limit) and run the command again (`fedclock run --resume DIR` "
+        "goes on with a run)."
+    ]
     assert len((out / "metrics.csv").read_text().splitlines()) == 1 + 3  # header + 3 rows
 
 

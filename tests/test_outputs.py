@@ -4,6 +4,7 @@ output_dir, and damaged run folders given to plot and run --resume are one sente
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,52 @@ def test_check_writable_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "table.csv").write_text("mine")
     with pytest.raises(ConfigError, match=r"table\.csv"):
         check_writable([tmp_path / "table.csv"])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE and SIGXFSZ: Linux")
+def test_a_full_disk_is_one_sentence_naming_the_file_and_the_run_goes_on(tmp_path: Path) -> None:
+    """A file-size limit stands for a full disk (EFBIG like ENOSPC): `run` stops with one
+    sentence naming the file that could not be written, keeps what it wrote (no summary.json:
+    the run is not complete), and the same run finishes with --resume once space is back."""
+    import resource
+    import signal
+    import subprocess
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000))
+
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "fedclock", "run", "--set", "budget.aggregations=30", "-q"]
+    got = subprocess.run([*args, "--out", str(run)], preexec_fn=limit, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    lines = [x for x in got.stderr.splitlines() if x.strip()]
+    assert got.returncode == 2 and len(lines) == 1, got.stderr
+    assert f"Could not use {run}" in lines[0] and "file too large" in lines[0]
+    assert "--resume" in lines[0] and "Traceback" not in got.stderr
+    assert not (run / "summary.json").exists() and (run / "metrics.csv").stat().st_size > 0
+    again = subprocess.run([sys.executable, "-m", "fedclock", "run", "--resume", str(run), "-q"],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+    assert (run / "clients.csv").stat().st_size > 0 and (run / "timeline.csv").is_file()
+
+
+def test_no_file_is_written_through_a_link(tmp_path: Path) -> None:
+    """A run folder's config.yaml or meta.json that is a symbolic link to a file elsewhere is
+    refused in one sentence; the file it points to is left as it was."""
+    from fedclock.metrics.recorder import RunRecorder
+    from fedclock.outputs import is_temporary, write_atomic
+
+    outside = tmp_path / "mine.yaml"
+    outside.write_text("the user's own file\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").symlink_to(outside)
+    with pytest.raises(ConfigError, match=r"config\.yaml is a symbolic link"):
+        RunRecorder(run).write_config("seed: 1\n", seed=1, argv=[])
+    assert outside.read_text() == "the user's own file\n"
+    assert not [p for p in run.iterdir() if is_temporary(p.name)]
+    write_atomic(run / "new.txt", "whole\n")  # an ordinary file: written, no temporary left
+    assert (run / "new.txt").read_text() == "whole\n"
+    assert not [p for p in run.iterdir() if is_temporary(p.name)]

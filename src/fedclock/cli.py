@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import math
@@ -136,7 +137,11 @@ def _user_errors() -> Iterator[None]:
     except OSError as exc:  # an unwritable or full disk, a folder where a file should be, ...
         what = exc.strerror or exc.__class__.__name__
         where = f"{exc.filename}: " if exc.filename else ""
-        msg = f"Could not use {where}{what[0].lower()}{what[1:]}."
+        msg = f"Could not use {where}{what[0].lower()}{what[1:]}"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # what was written stays
+            msg += "; free some space (or raise the file-size limit) and run the command again"
+            msg += " (`fedclock run --resume DIR` goes on with a run)"
+        msg += "."
         Console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:  # outside a run's loop (which stops cleanly on its own)

@@ -527,11 +527,13 @@ def _run(
             summary["best_val_accuracy"] = v.best_val
             summary["validations"] = v.validations
         losses = None if parts.client_losses is None else parts.client_losses.last
-        recorder.write_summary(summary)
+        # summary.json last: a run is complete (and reused as such) only once every file it
+        # promises is whole, so a kill before it leaves a run that --resume finishes
         timeline.write(run_dir, sim.now, sim.tasks_dispatched, sim.counters.aggregations)
         recorder.write_clients(client_table(
             sim, parts.strategy, parts.population, parts.importance, parts.sizes, losses
         ))  # fmt: skip
+        recorder.write_summary(summary)
         if summary["status"] != "interrupted":  # finished or diverged: nothing to resume
             (run_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
     return summary, error

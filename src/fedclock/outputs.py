@@ -100,9 +100,7 @@ def read_grid_json(folder: Path) -> dict[str, Any] | None:
 def write_grid_json(folder: Path, data: dict[str, Any]) -> None:
     """``folder/grid.json``, atomically (a process beside this one never reads half a file)."""
     path = folder / GRID_FILE
-    tmp = path.with_name(f".{GRID_FILE}.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 def _first_line_is_ours(path: Path) -> bool:
@@ -171,9 +169,49 @@ def write_output(path: Path, data: bytes) -> None:
     known = [d for d in files.get(path.name, []) if isinstance(d, str)]
     files[path.name] = [*known, _digest(data)][-_KEEP:]
     write_grid_json(path.parent, grid)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    write_atomic(path, data)
+
+
+def temporary_name(path: Path) -> Path:
+    """Where :func:`write_atomic` writes ``path`` first: ``.NAME.PID.tmp`` in its folder (the
+    one pattern :func:`is_temporary` recognises)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write ``path`` whole or not at all: to :func:`temporary_name`, flushed and synced, then
+    renamed over ``path`` (and the folder synced). A ``path`` that is a symbolic link is
+    refused (nothing is written through a link); an ``OSError`` (a full disk, a read-only
+    folder) names ``path`` and leaves the old file as it was."""
+    if path.is_symlink():
+        raise ConfigError(
+            f"{path} is a symbolic link; fedclock writes only its own files, not through "
+            "links: remove the link."
+        )
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = temporary_name(path)
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:  # the rename survives a power cut once the folder is synced
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def is_temporary(name: str) -> bool:

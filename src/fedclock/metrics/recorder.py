@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import functools
 import hashlib
+import io
 import json
 import math
 import platform
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedclock.outputs import write_atomic
 
 METRIC_COLUMNS = (
     "virtual_time",
@@ -209,19 +212,17 @@ class RunRecorder:
         kept = lines[: rows + 1]
         if not kept[-1].endswith(b"\n"):
             raise CheckpointError(f"{path} ends in a partial row, so the run cannot be resumed.")
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(b"".join(kept))
-        tmp.replace(path)
+        write_atomic(path, b"".join(kept))
 
     def write_config(self, config_yaml: str, seed: int, argv: Sequence[str] | None = None) -> None:
-        (self.run_dir / "config.yaml").write_text(config_yaml)
+        write_atomic(self.run_dir / "config.yaml", config_yaml)
         meta = {
             "seed": seed,
             "versions": versions(),
             "source_digest": source_digest(),
             "argv": list(argv if argv is not None else sys.argv),
         }
-        (self.run_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        write_atomic(self.run_dir / "meta.json", json.dumps(meta, indent=2) + "\n")
 
     def note_resume(self, argv: Sequence[str] | None = None) -> None:
         """meta.json lists each resume's command line (the run's own fields stay)."""
@@ -233,30 +234,32 @@ class RunRecorder:
         if not isinstance(meta, dict) or not isinstance(meta.get("resumed", []), list):
             meta = {}
         meta.setdefault("resumed", []).append(list(argv if argv is not None else sys.argv))
-        path.write_text(json.dumps(meta, indent=2) + "\n")
+        write_atomic(path, json.dumps(meta, indent=2) + "\n")
 
     def record(self, row: dict[str, Any]) -> None:
-        self._writer.writerow({k: _fmt(row[k]) for k in self.columns})
-        self._fh.flush()
+        try:
+            self._writer.writerow({k: _fmt(row[k]) for k in self.columns})
+            self._fh.flush()
+        except OSError as exc:  # a full disk: name the file (the rows before stay)
+            raise OSError(exc.errno, exc.strerror, str(self.run_dir / "metrics.csv")) from None
 
     def on_evaluation(self, sim: Any, row: dict[str, Any]) -> None:
         """As an observer: writes every evaluation row."""
         self.record(row)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        path = self.run_dir / "summary.json"
-        tmp = path.with_name(".summary.json.tmp")
-        tmp.write_text(json.dumps(json_safe(summary), indent=2) + "\n")
-        tmp.replace(path)  # whole or absent: a kill never leaves half a summary
+        # whole or absent: a kill never leaves half a summary
+        write_atomic(self.run_dir / "summary.json", json.dumps(json_safe(summary), indent=2) + "\n")
 
     def write_clients(self, columns: dict[str, Sequence[Any]]) -> None:
         """clients.csv: one row per client, one column per entry of ``columns``."""
         names = list(columns)
-        with (self.run_dir / "clients.csv").open("w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(names)
-            for row in zip(*(columns[k] for k in names), strict=True):
-                w.writerow([_fmt(float(v)) if isinstance(v, np.floating) else _fmt(v) for v in row])
+        buf = io.StringIO(newline="")
+        w = csv.writer(buf)
+        w.writerow(names)
+        for row in zip(*(columns[k] for k in names), strict=True):
+            w.writerow([_fmt(float(v)) if isinstance(v, np.floating) else _fmt(v) for v in row])
+        write_atomic(self.run_dir / "clients.csv", buf.getvalue())  # whole or absent
 
     def close(self) -> None:
         if not self._fh.closed:

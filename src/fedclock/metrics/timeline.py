@@ -28,15 +28,16 @@ writes the file an uninterrupted run writes.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from fedclock.outputs import write_atomic
 from fedclock.sim.types import Contribution, ModelVersion, Task
 
 TIMELINE_FILE = "timeline.csv"
@@ -164,31 +165,30 @@ class TimelineRecorder:
             "end": end,
         }
         path = run_dir / TIMELINE_FILE
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with tmp.open("w", newline="", encoding="utf-8") as fh:
-            fh.write(MAGIC + json.dumps(meta) + "\n")
-            fh.write(
-                f"# one row per task (event=task) in dispatch order, the first {self.max_tasks}; "
-                f"then the server steps (event=aggregation), the first {self.max_aggregations}. "
-                "Outcomes: used / stale = aggregated with staleness 0 / >= 1; discarded = cut at "
-                "the deadline; rejected = refused by the update guard; unaggregated = arrived, "
-                "never aggregated; unfinished = in flight when the run ended. See "
-                "docs/report.md.\n"
-            )
-            w = csv.writer(fh, lineterminator="\n")
-            w.writerow(COLUMNS)
-            for tid, r in enumerate(self.rows):
-                unfinished = r[_OUTCOME] == _O_IN_FLIGHT
-                w.writerow([
-                    "task", tid, int(r[_CLIENT]), _f(r[_START]), _f(r[_DOWN]), _f(r[_COMPUTE]),
-                    _f(r[_UP]), _f(min(r[_END], end) if unfinished else r[_END]),
-                    OUTCOMES[int(r[_OUTCOME])], int(r[_BASE]),
-                    "" if math.isnan(r[_STALE]) else int(r[_STALE]), _f(r[_SERVER]),
-                    self.labels[int(r[_WORK])], int(r[_STEPS]),
-                ])  # fmt: skip
-            for t, v in self.aggregations:
-                w.writerow(["aggregation", "", "", _f(t), "", "", "", _f(t), "", v, "", "", "", ""])
-        tmp.replace(path)
+        fh = io.StringIO(newline="")
+        fh.write(MAGIC + json.dumps(meta) + "\n")
+        fh.write(
+            f"# one row per task (event=task) in dispatch order, the first {self.max_tasks}; "
+            f"then the server steps (event=aggregation), the first {self.max_aggregations}. "
+            "Outcomes: used / stale = aggregated with staleness 0 / >= 1; discarded = cut at "
+            "the deadline; rejected = refused by the update guard; unaggregated = arrived, "
+            "never aggregated; unfinished = in flight when the run ended. See "
+            "docs/report.md.\n"
+        )
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(COLUMNS)
+        for tid, r in enumerate(self.rows):
+            unfinished = r[_OUTCOME] == _O_IN_FLIGHT
+            w.writerow([
+                "task", tid, int(r[_CLIENT]), _f(r[_START]), _f(r[_DOWN]), _f(r[_COMPUTE]),
+                _f(r[_UP]), _f(min(r[_END], end) if unfinished else r[_END]),
+                OUTCOMES[int(r[_OUTCOME])], int(r[_BASE]),
+                "" if math.isnan(r[_STALE]) else int(r[_STALE]), _f(r[_SERVER]),
+                self.labels[int(r[_WORK])], int(r[_STEPS]),
+            ])  # fmt: skip
+        for t, v in self.aggregations:
+            w.writerow(["aggregation", "", "", _f(t), "", "", "", _f(t), "", v, "", "", "", ""])
+        write_atomic(path, fh.getvalue())
         return path
 
 
