@@ -266,3 +266,34 @@ def test_no_file_is_written_through_a_link(tmp_path: Path) -> None:
     write_atomic(run / "new.txt", "whole\n")  # an ordinary file: written, no temporary left
     assert (run / "new.txt").read_text() == "whole\n"
     assert not [p for p in run.iterdir() if is_temporary(p.name)]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("json_out", [True, False])
+def test_a_full_stdout_ends_in_one_sentence_and_the_run_folder_is_whole(
+    tmp_path: Path, json_out: bool
+) -> None:
+    import subprocess
+
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "fedclock", "run", "--set", "budget.aggregations=2",
+            "--out", str(run), *(["--json", "-q"] if json_out else [])]  # fmt: skip
+    with open("/dev/full", "w") as full:
+        got = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    lines = [x for x in got.stderr.splitlines() if x.strip()]
+    assert got.returncode == 2 and "Traceback" not in got.stderr, got.stderr
+    assert lines == ["error: Could not write to standard output: no space left on device."]
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    """The reader of `fedclock strategies` goes away before it prints (its pipe is closed
+    while the process is still importing): no traceback, a non-zero status."""
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "fedclock", "strategies"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) != 0 and "Traceback" not in err, err

@@ -6,6 +6,7 @@ import errno
 import gc
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -135,6 +136,8 @@ def _user_errors() -> Iterator[None]:
         Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except OSError as exc:  # an unwritable or full disk, a folder where a file should be, ...
+        if exc.filename is None and _stdout_failed(exc):
+            _stdout_closed(exc)
         what = exc.strerror or exc.__class__.__name__
         where = f"{exc.filename}: " if exc.filename else ""
         msg = f"Could not use {where}{what[0].lower()}{what[1:]}"
@@ -1264,6 +1267,51 @@ def _tolerant_streams() -> None:
             reconfigure(errors="replace")
 
 
+def _stdout_failed(exc: OSError) -> bool:
+    """Whether ``exc`` (an error without a file name) came from writing to the console: the
+    innermost frames are rich's or click's output, or a flush of stdout that still fails."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if any(f.filename.replace("\\", "/").endswith(("rich/console.py", "click/utils.py"))
+           for f in frames[-3:]):  # fmt: skip
+        return True
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        return True
+    return False
+
+
+def _stdout_closed(exc: OSError) -> None:
+    """End quietly when stdout cannot be written: nothing more goes to it (the interpreter's
+    last flush included), one sentence on stderr unless the reader simply went away (a closed
+    pipe, e.g. ``| head``: status 141, as a process that SIGPIPE ended), status 2 otherwise.
+    Files already written stay."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    if exc.errno == errno.EPIPE:
+        raise typer.Exit(141) from None
+    what = exc.strerror or exc.__class__.__name__
+    Console(stderr=True).print(
+        f"[bold red]error:[/] Could not write to standard output: {what[0].lower()}{what[1:]}.",
+        highlight=False, soft_wrap=True,
+    )  # fmt: skip
+    raise typer.Exit(2) from None
+
+
 def main() -> None:
     _tolerant_streams()
-    app()
+    try:
+        app()
+    except OSError as exc:  # raised outside a command's error handling (its last output)
+        if exc.filename is None and _stdout_failed(exc):
+            try:
+                _stdout_closed(exc)
+            except typer.Exit as done:
+                sys.exit(done.exit_code)
+        raise
