@@ -20,6 +20,7 @@ from fedclock.models import build_model, layer_view, param_bytes
 from fedclock.models.shapes import FULL, Layout, Mask, build_units
 from fedclock.strategies.aggregators import Update
 from fedclock.strategies.prunefl import (
+    MaskPlanner,
     PruneFLState,
     PruneFLUpdate,
     adapt,
@@ -248,8 +249,12 @@ def test_pruned_weights_stay_zero_through_aggregation_and_reconfiguration(optimi
             replace(t, plan=replace(t.plan, shape=shape))
             for t in _tasks(base, sizes, 8, steps=2, first_id=10 * r)
         ]
-        base = update.aggregate(ctx, base, ex.run(tasks))  # type: ignore[arg-type]
-        assert base.version == r + 1
+        contributions = ex.run(tasks)
+        generation = state.generation
+        base = update.aggregate(ctx, base, contributions)  # type: ignore[arg-type]
+        assert state.generation == generation and state.rounds == r  # the update changes no state
+        MaskPlanner(state, []).on_commit(contributions)  # the simulator's next call
+        assert base.version == r + 1 and state.pending is None
         for n, m in state.masks.items():
             assert not base.params[n][~m].any()  # exactly zero outside the (new) mask
     assert state.generation == 2 and len(state.densities) == 3

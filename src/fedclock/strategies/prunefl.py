@@ -288,10 +288,15 @@ def initial_pruning(
 
 # ------------------------------------------------------------------ the strategy's parts
 class PruneFLState:
-    """What PruneFL keeps between rounds, shared by its planner and its update: the mask of
-    every prunable tensor, the accumulated squared gradients Z since the last
-    reconfiguration, the FL rounds aggregated, whether the initially pruned model has
-    reached the server, and the reconfigurations' densities."""
+    """What PruneFL keeps between rounds: the mask of every prunable tensor, the accumulated
+    squared gradients Z since the last reconfiguration, the FL rounds aggregated, whether the
+    initially pruned model has reached the server, and the reconfigurations' densities.
+
+    Its planner (:class:`MaskPlanner`) owns it: the state changes only in the planner's
+    ``on_commit``. The update (:class:`PruneFLUpdate`) reads it and, in a reconfiguration
+    round, computes the new mask without changing anything but ``pending``, which hands that
+    mask to the planner's ``on_commit`` of the same commit (set and consumed inside one
+    server step, so never held between events, where checkpoints are taken)."""
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = (
         "masks", "importance", "rounds", "started", "generation", "densities",
@@ -318,6 +323,7 @@ class PruneFLState:
         self.generation = 0  # reconfigurations so far
         self.densities: list[float] = [density(masks, layout)]
         self._shapes: dict[tuple[int, bool], Mask] = {}
+        self.pending: dict[str, torch.Tensor] | None = None  # the commit in progress's mask
 
     def reporting(self) -> bool:
         """Whether the round now being planned ends in a reconfiguration: its clients upload
@@ -333,28 +339,45 @@ class PruneFLState:
             got = self._shapes[key] = Mask(dict(self.masks), reports=reports)
         return got
 
-    def accumulate(self, contributions: Sequence[Contribution]) -> None:
-        """Z_j += Σ_i Σ_k g_{i,k,j}² over the round's updates (every element)."""
+    def importance_after(self, contributions: Sequence[Contribution]) -> dict[str, torch.Tensor]:
+        """Z + Σ_i Σ_k g_{i,k,j}² over the round's updates (every element), as new tensors."""
+        z = dict(self.importance)
         for c in contributions:
             for n, g in c.up.get("sq_grads", {}).items():
-                acc = self.importance.get(n)
-                if acc is None:
-                    self.importance[n] = g.detach().to("cpu", torch.float64).clone()
-                else:
-                    acc.add_(g.detach().to("cpu", torch.float64))
+                g64 = g.detach().to("cpu", torch.float64)
+                acc = z.get(n)
+                z[n] = g64.clone() if acc is None else acc + g64
+        return z
 
-    def reconfigure(self, params: Mapping[str, torch.Tensor], population: Population) -> None:
+    def adapted(
+        self, params: Mapping[str, torch.Tensor], population: Population,
+        importance: Mapping[str, torch.Tensor],
+    ) -> dict[str, torch.Tensor]:  # fmt: skip
+        """The mask a reconfiguration chooses from ``params`` and the importance Z (nothing
+        changes here)."""
         times, fixed, _ = element_times(self.layout, population, self.samples, self.masks)
         z = {
-            n: self.importance.get(n, torch.zeros(s, dtype=torch.float64))
+            n: importance.get(n, torch.zeros(s, dtype=torch.float64))
             for n, s in self.layout.param_shapes.items()
         }
-        new = adapt(params, self.masks, z, times, fixed, self.fraction)
-        self.masks.clear()
-        self.masks.update(new)
-        self.importance = {}
-        self.generation += 1
-        self.densities.append(density(self.masks, self.layout))
+        return adapt(params, self.masks, z, times, fixed, self.fraction)
+
+    def commit(self, contributions: Sequence[Contribution]) -> None:
+        """The state after a server step (the planner's ``on_commit``): the initially pruned
+        model's arrival, or Z += the round's squared gradients and one more round — and in a
+        reconfiguration round the new mask (``pending``), Z reset."""
+        if not self.started:
+            self.started = True
+            return
+        self.importance = self.importance_after(contributions)
+        self.rounds += 1
+        if self.pending is not None:
+            self.masks.clear()
+            self.masks.update(self.pending)
+            self.pending = None
+            self.importance = {}
+            self.generation += 1
+            self.densities.append(density(self.masks, self.layout))
 
 
 class MaskPlanner:
@@ -376,12 +399,17 @@ class MaskPlanner:
         plan = replace(self.full_plans[client], shape=shape)
         return plan, shape.cost(self.state.layout, plan.samples)
 
+    def on_commit(self, contributions: Sequence[Contribution]) -> None:
+        """PruneFL's state moves on after each server step (:meth:`PruneFLState.commit`)."""
+        self.state.commit(contributions)
+
 
 class PruneFLUpdate:
     """FedAvg's update on the pruned model (Δ is 0 outside the mask), then θ ⊙ m; every
     ΔR rounds the squared gradients accumulated since the last reconfiguration choose the
-    new mask (:meth:`PruneFLState.reconfigure`) and θ ← θ ⊙ m_new (regrown weights start at
-    0). The first commit of a run with initial pruning is the initially pruned model."""
+    new mask (:meth:`PruneFLState.adapted`) and θ ← θ ⊙ m_new (regrown weights start at
+    0). The first commit of a run with initial pruning is the initially pruned model. It
+    changes no state: the planner's ``on_commit`` takes the new mask from ``pending``."""
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
@@ -396,18 +424,18 @@ class PruneFLUpdate:
         self, ctx: Context, base: ModelVersion, contributions: Sequence[Contribution]
     ) -> ModelVersion:
         st = self.state
-        if not st.started:
-            st.started = True
+        if not st.started:  # (the planner's on_commit records its arrival)
             assert self.initial is not None
             params = {n: self.initial[n].to(t.device, t.dtype) for n, t in base.params.items()}
             return ModelVersion(base.version + 1, params, dict(base.buffers))
         new = self.update.aggregate(ctx, base, contributions)
-        st.accumulate(contributions)
-        st.rounds += 1
-        if st.rounds % st.interval == 0:
-            st.reconfigure(new.params, ctx.population)
+        masks: Mapping[str, torch.Tensor] = st.masks
+        if (st.rounds + 1) % st.interval == 0:  # this step ends in a reconfiguration
+            masks = st.pending = st.adapted(
+                new.params, ctx.population, st.importance_after(contributions)
+            )
         params = dict(new.params)
-        for n, m in st.masks.items():
+        for n, m in masks.items():
             params[n] = params[n] * m.to(params[n].device)
         return ModelVersion(new.version, params, new.buffers)
 
