@@ -27,3 +27,24 @@ def test_the_cli_module_imports_no_heavy_package_and_no_torch() -> None:
 @pytest.mark.parametrize("module", ["fedclock.experiment", "fedclock.config", "fedclock.data"])
 def test_what_a_run_imports_up_front_is_light(module: str) -> None:
     assert imported_after(f"import {module}", (*HEAVY, "torch._dynamo", "sympy")) == []
+
+
+@pytest.mark.parametrize("command", ["--help", "presets", "strategies"])
+def test_the_listing_commands_import_no_torch(command: str) -> None:
+    """`fedclock --help`, `presets` and `strategies` run without importing torch (the
+    strategies' one-line summaries live on their options classes in config.py)."""
+    code = (
+        "import sys\nfrom fedclock.cli import app\n"
+        f"try:\n    app([{command!r}])\nexcept SystemExit:\n    pass\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stderr.strip().endswith("NO-TORCH"), out.stderr[-500:]
+
+
+def test_every_strategy_has_its_summary() -> None:
+    from fedclock.strategies import STRATEGIES
+
+    assert all(
+        spec.summary and spec.summary == spec.options.summary for spec in STRATEGIES.values()
+    )

@@ -1246,15 +1246,15 @@ def presets(
 @app.command()
 def strategies() -> None:
     """List the strategies a config can name."""
-    from fedclock.strategies import STRATEGIES
+    from fedclock.config import STRATEGY_OPTIONS  # (the registry's order; no torch import)
 
     t = Table(title="strategies (strategy.name)")
     t.add_column("name", style="bold")
     t.add_column("what it is")
     t.add_column("fields it reads (docs/config.md)")
-    for s in STRATEGIES.values():
-        fields = sorted(p for p in s.options.paths() if p != "strategy.name")
-        t.add_row(s.name, s.summary, ", ".join(fields))
+    for name, options in STRATEGY_OPTIONS.items():
+        fields = sorted(p for p in options.paths() if p != "strategy.name")
+        t.add_row(name, options.summary, ", ".join(fields))
     Console().print(t)
 
 

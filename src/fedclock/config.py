@@ -316,6 +316,8 @@ class StrategyOptions(BaseModel):
         "federated loss's weights, so every strategy reads it)",
     )
 
+    #: one line on what the strategy is (`fedclock strategies`, the registry's StrategySpec)
+    summary: ClassVar[str] = ""
     #: fields of the ``salf`` section this strategy reads
     salf_fields: ClassVar[tuple[str, ...]] = ()
     #: config paths outside ``strategy`` and ``salf`` that only some strategies read
@@ -399,12 +401,20 @@ class _RoundOptions(_ServerOptions):
 
 class FedAvgOptions(_RoundOptions):
     name: Literal["fedavg"] = "fedavg"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "synchronous FedAvg: barrier rounds over a fraction C of clients, sample-weighted average"
+    )
 
 
 class FedProxOptions(_RoundOptions):
     """FedAvg's rounds with FedProx's local objective F_k(θ) + (μ/2)‖θ − θ^t‖² (Li et al.)."""
 
     name: Literal["fedprox"] = "fedprox"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "FedProx: FedAvg rounds, local objective F_k + (μ/2)‖θ − θ^t‖² (strategy.mu)"
+    )
     mu: float = Field(0.01, ge=0, description="μ of the proximal term (μ/2)‖θ − θ^t‖²")
 
 
@@ -412,6 +422,10 @@ class FedNovaOptions(_RoundOptions):
     """FedAvg's rounds with FedNova's normalized averaging (Wang et al.)."""
 
     name: Literal["fednova"] = "fednova"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "FedNova (Wang et al.): FedAvg rounds, Δ_i weighted τ_eff·p_i/τ_i (normalized averaging)"
+    )
 
 
 class ScaffoldOptions(_RoundOptions):
@@ -419,6 +433,11 @@ class ScaffoldOptions(_RoundOptions):
     control variates c − c_i (option II); η_g = ``server_lr``, η_l = ``train.lr``."""
 
     name: Literal["scaffold"] = "scaffold"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "SCAFFOLD (Karimireddy et al.): FedAvg rounds, each local step corrected by the "
+        "control variates c − c_i (option II)"
+    )
 
 
 class FedDynOptions(_RoundOptions):
@@ -426,6 +445,11 @@ class FedDynOptions(_RoundOptions):
     −⟨∇L_i(θ_i^{t−1}), θ⟩ + (α/2)‖θ − θ^{t−1}‖² and the server state h."""
 
     name: Literal["feddyn"] = "feddyn"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "FedDyn (Acar et al.): FedAvg rounds, local objective with the dynamic "
+        "regulariser −⟨∇L_i, θ⟩ + (α/2)‖θ − θ^t‖², server state h (strategy.alpha)"
+    )
     feddyn_alpha: float = Field(
         0.01, gt=0, description="α of FedDyn's regulariser (α/2)‖θ − θ^{t−1}‖² and of h"
     )
@@ -436,6 +460,11 @@ class RamFedOptions(_RoundOptions):
     which each client trains a submodel of neurons sized to its device's speed."""
 
     name: Literal["ram-fed"] = "ram-fed"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "RAM-Fed (Wang et al.): rounds of submodels of neurons sized to each device's "
+        "speed, each client's latest update of every element averaged"
+    )
     extraction: Literal["random", "static", "rolling"] = Field(
         "random",
         description="which neurons a submodel keeps: random (a fresh uniform draw per client "
@@ -457,6 +486,11 @@ class FedRolexOptions(_RoundOptions):
     rolling one index per round; each element averaged over the clients that trained it."""
 
     name: Literal["fedrolex"] = "fedrolex"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "FedRolex (Alam et al.): rounds of neuron submodels sized to each device's speed, "
+        "the window of kept units rolling one index per round, per-element averages"
+    )
 
 
 class PruneFLOptions(_RoundOptions):
@@ -465,6 +499,11 @@ class PruneFLOptions(_RoundOptions):
     (docs/methods/prunefl.md)."""
 
     name: Literal["prunefl"] = "prunefl"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "PruneFL (Jiang et al.): FedAvg rounds on a pruned model; the mask reconfigured "
+        "every ΔR rounds from squared gradients against each weight's time cost"
+    )
     reconfig_interval: int = Field(
         50, ge=1, description="ΔR: FL rounds between two reconfigurations of the mask"
     )
@@ -508,6 +547,11 @@ class SplitFedOptions(_RoundOptions):
     cut, the main server the layers above it, batch by batch; both sides FedAvg-averaged."""
 
     name: Literal["splitfed"] = "splitfed"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "SplitFed (Thapa et al.), SFL-V1: FedAvg rounds, each client trains the layers "
+        "below strategy.cut, the server those above, per batch"
+    )
     cut: int = Field(
         1,
         ge=1,
@@ -523,6 +567,10 @@ class DropStragglersOptions(_RoundOptions):
     """FedAvg under a deadline; with ``salf.scenario``, SALF's drop-stragglers baseline."""
 
     name: Literal["drop-stragglers"] = "drop-stragglers"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "FedAvg under a deadline t_max: updates not arrived by the deadline are discarded"
+    )
     t_max: float | None = Field(None, gt=0, description="round deadline in virtual seconds")
 
     salf_fields = ("scenario", "mode", "charge")
@@ -609,28 +657,48 @@ class WeightedAsyncOptions(AsyncOptions):
 
 class AsyncIdenticalOptions(WeightedAsyncOptions):
     name: Literal["async-identical"] = "async-identical"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "asynchronous FedAvg: a server step on every arrival, weight d_i = 1 (Fraboni et al.)"
+    )
     default_weights = "identical"
 
 
 class AsyncTimeBasedOptions(WeightedAsyncOptions):
     name: Literal["async-time-based"] = "async-time-based"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "asynchronous FedAvg with time-based weights d_i = (Σ 1/τ_j)·τ_i·p_i (Fraboni eq. 36)"
+    )
     default_weights = "time-based"
 
 
 class FedFixOptions(WeightedAsyncOptions):
     name: Literal["fedfix"] = "fedfix"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "FedFix: a server step every delta_t with whatever arrived, d_i = ⌈τ_i/Δt⌉·p_i (eq. 40)"
+    )
     default_weights = "fedfix"
     trigger = "period"
 
 
 class FedBuffOptions(WeightedAsyncOptions):
     name: Literal["fedbuff"] = "fedbuff"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "FedBuff: a server step every buffer_size arrivals, d_i = 1/m (or as configured)"
+    )
     default_weights = "fedbuff"
     trigger = "buffer"
 
 
 class FedAsyncOptions(AsyncOptions):
     name: Literal["fedasync"] = "fedasync"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "FedAsync (Xie et al.): on each arrival θ ← (1−α_t)θ + α_t·θ_client, α_t = α·s(staleness)"
+    )
     alpha: float = Field(0.6, gt=0, le=1, description="FedAsync mixing weight α")
 
 
@@ -724,6 +792,11 @@ class FedRAAOptions(_FedRAAFields):
     device; ``scheduler`` and ``sync`` give its Table 3 ablations, also named below."""
 
     name: Literal["fed-raa"] = "fed-raa"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "Fed-RAA (Zhang et al.): each device trains a model fragment within the delay "
+        "bound K (Gre-RAA), mixed in on arrival"
+    )
     scheduler: Literal["gre-raa", "random", "mp-raa"] = Field(
         "gre-raa",
         description="fragment assignment: Gre-RAA (Alg. 2), Random (uniform, ignoring K), "
@@ -740,6 +813,10 @@ class FedRAARandomOptions(_FedRAAFields):
     """Fed-RAA's Random ablation (Table 3): = fed-raa with scheduler random."""
 
     name: Literal["fed-raa-random"] = "fed-raa-random"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "Fed-RAA's Random ablation: a uniformly drawn fragment per idle client, K ignored"
+    )
     fixed = {"scheduler": "random", "sync": False}
 
 
@@ -747,6 +824,10 @@ class FedRAAMPOptions(_FedRAAFields):
     """Fed-RAA's MP-RAA ablation (Table 3): = fed-raa with scheduler mp-raa."""
 
     name: Literal["fed-raa-mp"] = "fed-raa-mp"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "Fed-RAA's MP-RAA ablation: the least-updated fragment per idle client, K ignored"
+    )
     fixed = {"scheduler": "mp-raa", "sync": False}
 
 
@@ -754,6 +835,10 @@ class FedRAASyncOptions(_FedRAAFields):
     """Fed-RAA's Sync ablation (Table 3): = fed-raa with sync true."""
 
     name: Literal["fed-raa-sync"] = "fed-raa-sync"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "Fed-RAA's Sync ablation: Gre-RAA's fragments in barrier rounds, n_i/n-weighted sum"
+    )
     fixed = {"scheduler": "gre-raa", "sync": True}
 
 
@@ -820,12 +905,20 @@ class CisEqualOptions(_CisOptions):
     """Λ̃_e = 1/E (Equal Weight)."""
 
     name: Literal["cis-equal"] = "cis-equal"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "CIS (Kaplan et al.): early exits trained across a tree of devices, Λ̃_e = 1/E"
+    )
 
 
 class CisFlopsOptions(_CisOptions):
     """Λ̃_e ∝ FLOPs up to exit e (FLOPS Prop)."""
 
     name: Literal["cis-flops"] = "cis-flops"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "CIS with Λ̃_e ∝ FLOPs up to exit e (FLOPS Prop; the authors' ramp by default)"
+    )
     flops_ramp: bool = Field(
         True,
         description="the authors' schedule Λ̃_e ∝ min(r_e, (t+1)/T) (equal at first, FLOPs-"
@@ -837,6 +930,8 @@ class CisServingOptions(_CisOptions):
     """Λ̃_e = Λ_e (Serving Rate)."""
 
     name: Literal["cis-serving"] = "cis-serving"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = "CIS with Λ̃_e = Λ_e, the rate served at exit e (Serving Rate)"
 
 
 class CisBalancedOptions(_CisOptions):
@@ -844,6 +939,10 @@ class CisBalancedOptions(_CisOptions):
     the authors' code computes it)."""
 
     name: Literal["cis-balanced"] = "cis-balanced"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "CIS with Balanced Adj: ½(serving rate + inverse gradient variance), the authors' formula"
+    )
     sigma: list[float] | None = Field(
         None,
         description="σ_e per exit: average point-wise gradient variance (the paper's Table 3); "
@@ -874,6 +973,10 @@ class VanillaOptions(_SalfFamilyOptions):
     """Every user a full update each round: no deadline, no stragglers to depth."""
 
     name: Literal["vanilla"] = "vanilla"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "SALF's vanilla FL: every user a full update each round, no deadline (needs salf.scenario)"
+    )
 
 
 class _SalfDepthOptions(_SalfFamilyOptions):
@@ -897,16 +1000,29 @@ class _SalfDepthOptions(_SalfFamilyOptions):
 
 class SalfOptions(_SalfDepthOptions):
     name: Literal["salf"] = "salf"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "SALF (Lang et al.): stragglers send the layers their backprop reached; eq. 9"
+    )
     salf_fields = ("scenario", "mode", "p_rule", "charge")
 
 
 class HeteroFLOptions(_SalfDepthOptions):
     name: Literal["heterofl"] = "heterofl"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "HeteroFL: stragglers train a width-r submodel; per-element average over holders"
+    )
     salf_fields = ("scenario", "mode", "heterofl_rate", "charge")
 
 
 class AsyncFLOptions(_SalfDepthOptions):
     name: Literal["asyncfl"] = "asyncfl"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "AsyncFL (SALF's baseline): a straggler of depth l sends a stale full update "
+        "every 2l rounds"
+    )
 
 
 StrategyOptionsUnion = Annotated[

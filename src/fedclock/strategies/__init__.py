@@ -73,9 +73,14 @@ class StrategySpec:
     the strategy section validated as those options."""
 
     name: str
-    summary: str
     build: Callable[[ExperimentConfig, BuildInfo], Strategy]
     options: type[StrategyOptions]
+
+    @property
+    def summary(self) -> str:
+        """One line on what it is (its options class's, so `fedclock strategies` lists the
+        strategies from config.py without importing torch)."""
+        return self.options.summary
 
     def reads(self, cfg: ExperimentConfig, path: str) -> bool:
         """Whether this strategy's run on ``cfg`` depends on the config field ``path``."""
@@ -174,175 +179,33 @@ def _async(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
 STRATEGIES: dict[str, StrategySpec] = {
     spec.name: spec
     for spec in [
-        StrategySpec(
-            "fedavg",
-            "synchronous FedAvg: barrier rounds over a fraction C of clients, sample-weighted average",
-            _fedavg,
-            FedAvgOptions,
-        ),
-        StrategySpec(
-            "fedprox",
-            "FedProx: FedAvg rounds, local objective F_k + (μ/2)‖θ − θ^t‖² (strategy.mu)",
-            _fedprox,
-            FedProxOptions,
-        ),
-        StrategySpec(
-            "fednova",
-            "FedNova (Wang et al.): FedAvg rounds, Δ_i weighted τ_eff·p_i/τ_i (normalized averaging)",
-            _fednova,
-            FedNovaOptions,
-        ),
-        StrategySpec(
-            "scaffold",
-            "SCAFFOLD (Karimireddy et al.): FedAvg rounds, each local step corrected by the "
-            "control variates c − c_i (option II)",
-            build_scaffold,
-            ScaffoldOptions,
-        ),
-        StrategySpec(
-            "feddyn",
-            "FedDyn (Acar et al.): FedAvg rounds, local objective with the dynamic regulariser "
-            "−⟨∇L_i, θ⟩ + (α/2)‖θ − θ^t‖², server state h (strategy.alpha)",
-            build_feddyn,
-            FedDynOptions,
-        ),
-        StrategySpec(
-            "ram-fed",
-            "RAM-Fed (Wang et al.): rounds of submodels of neurons sized to each device's "
-            "speed, each client's latest update of every element averaged",
-            build_ramfed,
-            RamFedOptions,
-        ),
-        StrategySpec(
-            "fedrolex",
-            "FedRolex (Alam et al.): rounds of neuron submodels sized to each device's speed, "
-            "the window of kept units rolling one index per round, per-element averages",
-            build_ramfed,
-            FedRolexOptions,
-        ),
-        StrategySpec(
-            "prunefl",
-            "PruneFL (Jiang et al.): FedAvg rounds on a pruned model; the mask reconfigured "
-            "every ΔR rounds from squared gradients against each weight's time cost",
-            build_prunefl,
-            PruneFLOptions,
-        ),
-        StrategySpec(
-            "splitfed",
-            "SplitFed (Thapa et al.), SFL-V1: FedAvg rounds, each client trains the layers below "
-            "strategy.cut, the server those above, per batch",
-            build_splitfed,
-            SplitFedOptions,
-        ),
-        StrategySpec(
-            "drop-stragglers",
-            "FedAvg under a deadline t_max: updates not arrived by the deadline are discarded",
-            _drop_stragglers,
-            DropStragglersOptions,
-        ),
-        StrategySpec(
-            "async-identical",
-            "asynchronous FedAvg: a server step on every arrival, weight d_i = 1 (Fraboni et al.)",
-            _async,
-            AsyncIdenticalOptions,
-        ),
-        StrategySpec(
-            "async-time-based",
-            "asynchronous FedAvg with time-based weights d_i = (Σ 1/τ_j)·τ_i·p_i (Fraboni eq. 36)",
-            _async,
-            AsyncTimeBasedOptions,
-        ),
-        StrategySpec(
-            "fedfix",
-            "FedFix: a server step every delta_t with whatever arrived, d_i = ⌈τ_i/Δt⌉·p_i (eq. 40)",
-            _async,
-            FedFixOptions,
-        ),
-        StrategySpec(
-            "fedbuff",
-            "FedBuff: a server step every buffer_size arrivals, d_i = 1/m (or as configured)",
-            _async,
-            FedBuffOptions,
-        ),
-        StrategySpec(
-            "fedasync",
-            "FedAsync (Xie et al.): on each arrival θ ← (1−α_t)θ + α_t·θ_client, α_t = α·s(staleness)",
-            _async,
-            FedAsyncOptions,
-        ),
-        StrategySpec(
-            "fed-raa",
-            "Fed-RAA (Zhang et al.): each device trains a model fragment within the delay "
-            "bound K (Gre-RAA), mixed in on arrival",
-            build_fedraa,
-            FedRAAOptions,
-        ),
-        StrategySpec(
-            "fed-raa-random",
-            "Fed-RAA's Random ablation: a uniformly drawn fragment per idle client, K ignored",
-            build_fedraa,
-            FedRAARandomOptions,
-        ),
-        StrategySpec(
-            "fed-raa-mp",
-            "Fed-RAA's MP-RAA ablation: the least-updated fragment per idle client, K ignored",
-            build_fedraa,
-            FedRAAMPOptions,
-        ),
-        StrategySpec(
-            "fed-raa-sync",
-            "Fed-RAA's Sync ablation: Gre-RAA's fragments in barrier rounds, n_i/n-weighted sum",
-            build_fedraa,
-            FedRAASyncOptions,
-        ),
-        StrategySpec(
-            "vanilla",
-            "SALF's vanilla FL: every user a full update each round, no deadline (needs salf.scenario)",
-            _salf("vanilla"),
-            VanillaOptions,
-        ),
-        StrategySpec(
-            "salf",
-            "SALF (Lang et al.): stragglers send the layers their backprop reached; eq. 9",
-            _salf("salf"),
-            SalfOptions,
-        ),
-        StrategySpec(
-            "heterofl",
-            "HeteroFL: stragglers train a width-r submodel; per-element average over holders",
-            _salf("heterofl"),
-            HeteroFLOptions,
-        ),
-        StrategySpec(
-            "asyncfl",
-            "AsyncFL (SALF's baseline): a straggler of depth l sends a stale full update every 2l rounds",
-            _salf("asyncfl"),
-            AsyncFLOptions,
-        ),
-        StrategySpec(
-            "cis-equal",
-            "CIS (Kaplan et al.): early exits trained across a tree of devices, Λ̃_e = 1/E",
-            build_cis,
-            CisEqualOptions,
-        ),
-        StrategySpec(
-            "cis-flops",
-            "CIS with Λ̃_e ∝ FLOPs up to exit e (FLOPS Prop; the authors' ramp by default)",
-            build_cis,
-            CisFlopsOptions,
-        ),
-        StrategySpec(
-            "cis-serving",
-            "CIS with Λ̃_e = Λ_e, the rate served at exit e (Serving Rate)",
-            build_cis,
-            CisServingOptions,
-        ),
-        StrategySpec(
-            "cis-balanced",
-            "CIS with Balanced Adj: ½(serving rate + inverse gradient variance), the authors' formula",
-            build_cis,
-            CisBalancedOptions,
-        ),
+        StrategySpec("fedavg", _fedavg, FedAvgOptions),
+        StrategySpec("fedprox", _fedprox, FedProxOptions),
+        StrategySpec("fednova", _fednova, FedNovaOptions),
+        StrategySpec("scaffold", build_scaffold, ScaffoldOptions),
+        StrategySpec("feddyn", build_feddyn, FedDynOptions),
+        StrategySpec("ram-fed", build_ramfed, RamFedOptions),
+        StrategySpec("fedrolex", build_ramfed, FedRolexOptions),
+        StrategySpec("prunefl", build_prunefl, PruneFLOptions),
+        StrategySpec("splitfed", build_splitfed, SplitFedOptions),
+        StrategySpec("drop-stragglers", _drop_stragglers, DropStragglersOptions),
+        StrategySpec("async-identical", _async, AsyncIdenticalOptions),
+        StrategySpec("async-time-based", _async, AsyncTimeBasedOptions),
+        StrategySpec("fedfix", _async, FedFixOptions),
+        StrategySpec("fedbuff", _async, FedBuffOptions),
+        StrategySpec("fedasync", _async, FedAsyncOptions),
+        StrategySpec("fed-raa", build_fedraa, FedRAAOptions),
+        StrategySpec("fed-raa-random", build_fedraa, FedRAARandomOptions),
+        StrategySpec("fed-raa-mp", build_fedraa, FedRAAMPOptions),
+        StrategySpec("fed-raa-sync", build_fedraa, FedRAASyncOptions),
+        StrategySpec("vanilla", _salf("vanilla"), VanillaOptions),
+        StrategySpec("salf", _salf("salf"), SalfOptions),
+        StrategySpec("heterofl", _salf("heterofl"), HeteroFLOptions),
+        StrategySpec("asyncfl", _salf("asyncfl"), AsyncFLOptions),
+        StrategySpec("cis-equal", build_cis, CisEqualOptions),
+        StrategySpec("cis-flops", build_cis, CisFlopsOptions),
+        StrategySpec("cis-serving", build_cis, CisServingOptions),
+        StrategySpec("cis-balanced", build_cis, CisBalancedOptions),
     ]
 }
 
