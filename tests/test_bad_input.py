@@ -327,3 +327,24 @@ def test_a_foreign_tensorboard_channel_is_one_sentence(
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "$FEDCLOCK_TENSORBOARD is fedclock's channel" in lines[0], lines
+
+
+def test_ctrl_c_during_the_report_write_keeps_the_run_and_says_how_to_get_the_report(
+    tmp_path, monkeypatch
+) -> None:
+    """A Ctrl-C while report.html is written (a second one, after the run ended): the run's
+    files stay whole, no traceback, and one note says how to write the report."""
+    import json
+
+    import fedclock.report
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fedclock.report, "write_report", interrupted)
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["run", _cfg(tmp_path, tiny_raw()), "--out", str(out)])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    text = " ".join(res.output.split())
+    assert f"no report written (Ctrl-C); `fedclock report {out}` writes it." in text
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"

@@ -719,6 +719,12 @@ def _write_report(console: Console, folder: Path, seeds: list[int] | None = None
     except (FedclockError, OSError) as exc:
         console.print(f"[yellow]note:[/] no report written: {exc}", highlight=False, soft_wrap=True)
         return None
+    except KeyboardInterrupt:  # (a second Ctrl-C: the results are written, the report is not)
+        console.print(
+            f"[yellow]note:[/] no report written (Ctrl-C); `fedclock report {folder}` writes it.",
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
+        return None
     except Exception as exc:  # a bug in the report must not turn a finished run into a failure
         what = f"{type(exc).__name__}: {exc}"
         console.print(
