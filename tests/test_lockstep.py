@@ -38,12 +38,14 @@ from fedclock.train.local import LocalTraining
 from fedclock.train.vectorized import VectorizedExecutor
 from tests.conftest import tiny_raw
 
-# one of each kind: synchronous, deadline, SALF (layer-suffix work), asynchronous
+# one of each kind: synchronous, deadline, SALF (layer-suffix work), asynchronous, client rule
 STRATEGIES: dict[str, dict[str, Any]] = {
     "fedavg": {"name": "fedavg"},
     "drop-stragglers": {"name": "drop-stragglers", "t_max": 0.6},
     "salf": {"name": "salf", "t_max": 0.6},
     "fedbuff": {"name": "fedbuff", "buffer_size": 3, "concurrency": 5},
+    # a client rule: each task's down tensors stacked in blocks shared by two runs
+    "scaffold": {"name": "scaffold", "client_fraction": 0.5},
 }
 
 
