@@ -52,7 +52,7 @@ from fedclock.strategies.cis import build_cis
 from fedclock.strategies.feddyn import build_feddyn
 from fedclock.strategies.fednova import FedNovaWeighting, normalized_buffers
 from fedclock.strategies.fedraa import build_fedraa
-from fedclock.strategies.planners import LocalSGDPlanner, local_sgd_plan
+from fedclock.strategies.planners import LocalSGDPlanner, local_sgd_plan, local_sgd_planner
 from fedclock.strategies.prunefl import build_prunefl
 from fedclock.strategies.ramfed import build_ramfed
 from fedclock.strategies.salf import build_salf_family
@@ -88,14 +88,7 @@ class StrategySpec:
 
 
 def _local_sgd(cfg: ExperimentConfig, info: BuildInfo) -> LocalSGDPlanner:
-    return LocalSGDPlanner(
-        client_sizes=info.client_sizes,
-        batch_size=cfg.train.batch_size,
-        local_epochs=cfg.train.local_epochs,
-        local_steps=cfg.train.local_steps,
-        flops_per_sample=sum(info.layer_fwd_flops) + sum(info.layer_bwd_flops),
-        model_bytes=info.model_bytes,
-    )
+    return local_sgd_planner(cfg, info)
 
 
 def _fedavg(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:

@@ -36,7 +36,7 @@ from fedclock.sim.types import Contribution, ModelVersion, Params, Task
 from fedclock.strategies.aggregators import Importance, Target, Update, weighted_sum
 from fedclock.strategies.base import BuildInfo, Strategy
 from fedclock.strategies.client import ClientState
-from fedclock.strategies.planners import LocalSGDPlanner
+from fedclock.strategies.planners import local_sgd_planner
 from fedclock.strategies.server import server_optimizer
 from fedclock.strategies.triggers import SyncRounds
 from fedclock.train.local import GradientTerm, Linear, Needs
@@ -96,12 +96,7 @@ def build_feddyn(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     assert isinstance(s, FedDynOptions)
     alpha: float = s.feddyn_alpha
     m = len(info.client_sizes)
-    planner = LocalSGDPlanner(
-        client_sizes=info.client_sizes, batch_size=cfg.train.batch_size,
-        local_epochs=cfg.train.local_epochs, local_steps=cfg.train.local_steps,
-        flops_per_sample=sum(info.layer_fwd_flops) + sum(info.layer_bwd_flops),
-        model_bytes=info.model_bytes,  # FedDyn sends what FedAvg sends
-    )  # fmt: skip
+    planner = local_sgd_planner(cfg, info)  # FedDyn sends what FedAvg sends
     return Strategy(
         name="feddyn",
         planner=planner,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from fedclock.models.shapes import Layout, Suffix, Width, WorkShape
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import ModelVersion, TaskPlan
 from fedclock.strategies.base import DepthSource, Draw, Work
+
+if TYPE_CHECKING:
+    from fedclock.strategies.base import BuildInfo
 
 
 def local_sgd_plan(
@@ -82,6 +85,19 @@ class LocalSGDPlanner:
             flops=plan.samples * self._flops, bytes_down=self._bytes, bytes_up=self._bytes
         )
         return plan, cost
+
+
+def local_sgd_planner(cfg: Any, info: BuildInfo, *, copies: int = 1) -> LocalSGDPlanner:
+    """The run's full local SGD for every client (``cfg.train``), priced with ``copies``
+    model-sized tensors each way (SCAFFOLD's 2: the model and its control variate)."""
+    return LocalSGDPlanner(
+        client_sizes=info.client_sizes,
+        batch_size=cfg.train.batch_size,
+        local_epochs=cfg.train.local_epochs,
+        local_steps=cfg.train.local_steps,
+        flops_per_sample=sum(info.layer_fwd_flops) + sum(info.layer_bwd_flops),
+        model_bytes=copies * info.model_bytes,
+    )
 
 
 # ------------------------------------------------------------------ straggler work

@@ -37,7 +37,7 @@ from fedclock.sim.types import Contribution, Params, Task
 from fedclock.strategies.aggregators import Importance, Update
 from fedclock.strategies.base import BuildInfo, Strategy
 from fedclock.strategies.client import ClientState
-from fedclock.strategies.planners import LocalSGDPlanner
+from fedclock.strategies.planners import local_sgd_planner
 from fedclock.strategies.server import server_optimizer
 from fedclock.strategies.triggers import SyncRounds
 from fedclock.train.local import GradientTerm, Linear, Needs
@@ -91,12 +91,7 @@ def build_scaffold(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     s = cfg.strategy
     assert isinstance(s, ScaffoldOptions)
     rule = ScaffoldRule(num_clients=len(info.client_sizes), lr=cfg.train.lr)
-    planner = LocalSGDPlanner(
-        client_sizes=info.client_sizes, batch_size=cfg.train.batch_size,
-        local_epochs=cfg.train.local_epochs, local_steps=cfg.train.local_steps,
-        flops_per_sample=sum(info.layer_fwd_flops) + sum(info.layer_bwd_flops),
-        model_bytes=2 * info.model_bytes,  # (x, c) down, (Δy_i, Δc_i) up
-    )  # fmt: skip
+    planner = local_sgd_planner(cfg, info, copies=2)  # (x, c) down, (Δy_i, Δc_i) up
     return Strategy(
         name="scaffold",
         planner=planner,

@@ -7,6 +7,7 @@ objective (an early exit's head, a proximal term) plugs in without touching the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
@@ -158,7 +159,7 @@ class LocalTraining:
     # above: SCAFFOLD's and FedDyn's corrections
     terms: tuple[GradientTerm, ...] = ()
 
-    @property
+    @functools.cached_property  # (read at every local step: built once)
     def gradient_terms(self) -> tuple[GradientTerm, ...]:
         """Weight decay, the proximal term (each when non-zero), then :attr:`terms`."""
         first: list[GradientTerm] = []
@@ -168,7 +169,7 @@ class LocalTraining:
             first.append(Proximal(self.proximal_mu))
         return (*first, *self.terms)
 
-    @property
+    @functools.cached_property
     def reads(self) -> tuple[str, ...]:
         """The :attr:`Task.down <fedclock.sim.types.Task.down>` keys the terms read."""
         return tuple(k for t in self.terms for k in t.reads)
