@@ -43,6 +43,7 @@ CASES: dict[str, dict[str, Any]] = {
     "fednova": {"strategy.name": "fednova", "partition.sizes": "lognormal"},
     "scaffold": {"strategy.name": "scaffold", "strategy.client_fraction": 0.5},
     "fedrolex": {"strategy.name": "fedrolex", "partition.sizes": "lognormal"},
+    "fjord": {"strategy.name": "fjord", "partition.sizes": "lognormal"},
     "feddyn": {"strategy.name": "feddyn", "strategy.feddyn_alpha": 0.1},
     "ram-fed": {"strategy.name": "ram-fed", "partition.sizes": "lognormal"},
     "ram-fed-static-coverage": {

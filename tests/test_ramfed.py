@@ -367,16 +367,16 @@ def test_ram_fed_learns_and_rounds_are_as_long_as_the_fastest_device(tmp_path) -
 
 
 def test_models_it_cannot_split_are_refused(tmp_path) -> None:
-    from fedclock.strategies.ramfed import _refusal
+    from fedclock.strategies.ramfed import refusal
 
-    assert _refusal(nn.Sequential(nn.Flatten(), nn.Linear(4, 3))) is not None
+    assert refusal(nn.Sequential(nn.Flatten(), nn.Linear(4, 3))) is not None
     lstm = nn.Sequential(nn.Embedding(5, 4), nn.LSTM(4, 4), nn.Linear(4, 3))
-    assert "Linear and Conv2d layers only" in str(_refusal(lstm))
+    assert "Linear and Conv2d layers only" in str(refusal(lstm))
     bn = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 3))
-    assert "without BatchNorm buffers" in str(_refusal(bn))
-    assert _refusal(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 3))) is None
+    assert "without BatchNorm buffers" in str(refusal(bn))
+    assert refusal(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 3))) is None
     ee = build_model("ee_cnn", input_shape=(1, 8, 8), num_classes=3, seed=0, channels=[2, 2, 4])
-    assert "single-exit models only" in str(_refusal(ee))
+    assert "single-exit models only" in str(refusal(ee))
     raw = tiny_raw(strategy={"name": "ram-fed"}, model={"arch": "logreg"})
     with pytest.raises(ConfigError, match=r"^Strategy 'ram-fed' needs a model with a hidden layer"):
         run_experiment(load_config(raw=raw), run_dir=tmp_path / "r")

@@ -71,7 +71,7 @@ def _error(raw: dict, *, grid: bool = False) -> str:
         (
             {"name": "fedfix", "delta_t": 1.0, "client_fraction": 0.5},
             {},
-            "Config field 'strategy.client_fraction' is read by fedavg, fedprox, fednova, scaffold, feddyn, ram-fed, fedrolex, prunefl, splitfed and "
+            "Config field 'strategy.client_fraction' is read by fedavg, fedprox, fednova, scaffold, feddyn, ram-fed, fedrolex, fjord, prunefl, splitfed and "
             "drop-stragglers, not by fedfix.",
         ),
         (

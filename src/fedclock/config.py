@@ -493,6 +493,33 @@ class FedRolexOptions(_RoundOptions):
     )
 
 
+class FjordOptions(_RoundOptions):
+    """FjORD (Horváth et al., NeurIPS 2021): rounds in which each client trains with
+    ordered dropout up to the widest width p_max its device's speed affords, a width drawn
+    per local step; each element averaged over the clients whose p_max holds it."""
+
+    name: Literal["fjord"] = "fjord"
+    #: one line of `fedclock strategies`
+    summary: ClassVar[str] = (
+        "FjORD (Horváth et al.): rounds of ordered dropout, a width drawn per local step up to "
+        "each device's speed-sized p_max, nested slices averaged over the clients holding them"
+    )
+    widths: list[float] = Field(
+        [0.2, 0.4, 0.6, 0.8, 1.0],
+        description="the widths P a step may train (increasing, in (0, 1], ending at 1): a "
+        "width-p step trains the first ⌈p·K_l⌉ units of every hidden layer l",
+    )
+
+    @field_validator("widths")
+    @classmethod
+    def _widths(cls, v: list[float]) -> list[float]:
+        if not v or any(not 0.0 < p <= 1.0 for p in v) or v != sorted(set(v)) or v[-1] != 1.0:
+            raise ValueError(
+                f"must be increasing widths in (0, 1] that end at 1.0 (the full model), got {v}"
+            )
+        return v
+
+
 class PruneFLOptions(_RoundOptions):
     """PruneFL (Jiang et al., TNNLS 2022): FedAvg's rounds on a pruned model, the mask chosen
     by an initial pruning at one client and reconfigured every ΔR rounds
@@ -1033,6 +1060,7 @@ StrategyOptionsUnion = Annotated[
     | FedDynOptions
     | RamFedOptions
     | FedRolexOptions
+    | FjordOptions
     | PruneFLOptions
     | SplitFedOptions
     | DropStragglersOptions

@@ -16,6 +16,8 @@ A :class:`WorkShape` says which part of the model a task trains and sends back:
   its head, trained on that exit's own loss;
 - :class:`Mask` ``(masks)`` — PruneFL's pruned model: every tensor trains, the pruned
   elements stay zero; its cost follows the mask's density;
+- :class:`OrderedDropout` ``(p_max, widths, levels)`` — FjORD's ordered dropout: the
+  width-p_max prefix submodel, each local step training the prefix of the width drawn for it;
 - :class:`Split` ``(cut)`` — SplitFed's split: layers 1..cut on the client, the rest on the
   main server, per batch (its cost carries the exchange; the host trains the whole model).
 
@@ -266,6 +268,13 @@ def prefix_mask(
     return mask
 
 
+def od_counts(rate: float, widths: Sequence[int]) -> tuple[int, ...]:
+    """FjORD's width-p submodel keeps the first ⌈p·K_l⌉ of the K_l units of every hidden
+    layer l (Horváth et al. 2021, §3.1, eq. 1), at least one; p·K_l is rounded to 9 decimals
+    first, so that 0.6·5 keeps 3 units, not 4."""
+    return tuple(max(1, math.ceil(round(rate * k, 9))) for k in widths)
+
+
 class Scale:
     """HeteroFL's Scaler: a hidden module's output divided by the width rate in training."""
 
@@ -373,6 +382,10 @@ class Layout:
     _fragments: dict[tuple[tuple[float, ...], str], list[dict[str, torch.Tensor]]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _prefixes: dict[float, dict[str, torch.Tensor]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    _prefix_costs: dict[float, TaskCost] = field(default_factory=dict, compare=False, repr=False)
     # the keys of cached programs of transient shapes (drawn afresh per task), oldest first
     _transient: list[tuple[Any, bool]] = field(default_factory=list, compare=False, repr=False)
     # the initial parameters (CPU copies), where element-wise fragments are asked for
@@ -401,6 +414,23 @@ class Layout:
                 got = fragment_masks(self.param_shapes, ratios)
             self._fragments[(ratios, kind)] = got
         return got[index]
+
+    def prefix_units(self, rate: float) -> dict[str, torch.Tensor]:
+        """The element masks of the width-``rate`` prefix submodel (:func:`od_counts` units of
+        every hidden layer, :func:`neuron_masks`), cached per rate."""
+        got = self._prefixes.get(rate)
+        if got is None:
+            counts = od_counts(rate, hidden_widths(self.param_shapes))
+            keep = tuple(tuple(range(k)) for k in counts)
+            got = self._prefixes[rate] = neuron_masks(self.param_shapes, keep)
+        return got
+
+    def prefix_cost(self, rate: float) -> TaskCost:
+        """One sample's :func:`masked_cost` of the width-``rate`` prefix submodel (cached)."""
+        got = self._prefix_costs.get(rate)
+        if got is None:
+            got = self._prefix_costs[rate] = masked_cost(self, self.prefix_units(rate), 1)
+        return got
 
     def width_keep(self, rate: float) -> dict[str, tuple[int, ...]]:
         """The prefix each tensor keeps in a width-``rate`` submodel (cached per rate)."""
@@ -443,6 +473,10 @@ class Program:
     # the task also reports Σ_k g_k² per parameter (Contribution.up["sq_grads"]): the squared
     # gradients of every element at each local step, pruned ones included (PruneFL)
     sq_grads: bool = False
+    # per level, the elements a local step at that level trains, in the program's
+    # coordinates (its views' slices): the step's forward pass uses θ ⊙ m, its gradient is 0
+    # outside m (FjORD's ordered dropout; the shape's step_levels() gives each step's level)
+    levels: tuple[Mapping[str, torch.Tensor], ...] | None = None
 
     @property
     def key(self) -> Hashable:
@@ -501,6 +535,11 @@ class WorkShape:
 
     def cost(self, layout: Layout, samples: int) -> TaskCost:
         raise NotImplementedError
+
+    def step_levels(self) -> tuple[int, ...] | None:
+        """Per local step, its index into the program's ``levels`` (the part of the task's
+        model that step trains); None: every step trains the whole program."""
+        return None
 
     def program(self, layout: Layout | None, *, trains_fully: bool = False) -> Program:
         """What an executor trains and sends for this shape (cached per layout); a shape
@@ -774,6 +813,81 @@ class Neurons(WorkShape):
         (k_l·k_(l−1)/(C_l·C_(l−1)) for a layer between two hidden layers); the kept
         elements' bytes down and up."""
         return masked_cost(layout, self.masks(layout), samples)
+
+
+@dataclass(frozen=True)
+class OrderedDropout(WorkShape):
+    """FjORD's ordered dropout (Horváth et al., NeurIPS 2021, §3): the device holds the
+    width-``p_max`` prefix submodel — the first ⌈p_max·K_l⌉ units of every hidden layer
+    (:func:`od_counts`) and the weights among them — and local step s trains the width
+    ``widths[levels[s]]`` ≤ p_max drawn for it: that width's prefix, the other held units
+    dropped from the step's forward pass (no gradient; the optimiser's own terms still apply
+    to every held element, as torch.optim.SGD does to a parameter with a zero gradient). The
+    task sends the p_max submodel, which is what it covers: every narrower width is a prefix
+    of it (nested). Its program (what an executor trains) depends on ``p_max`` and ``widths``
+    only, so ``levels`` is not part of the shape's identity (equality, hash)."""
+
+    p_max: float
+    widths: tuple[float, ...]
+    levels: tuple[int, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        w = self.widths
+        if not w or any(not 0.0 < p <= 1.0 for p in w) or list(w) != sorted(set(w)):
+            raise ValueError(f"ordered dropout's widths increase within (0, 1], got {w!r}")
+        if self.p_max not in w:
+            raise ValueError(f"p_max {self.p_max:g} is not one of the widths {w!r}")
+        top = w.index(self.p_max)
+        if any(not 0 <= lv <= top for lv in self.levels):
+            raise ValueError(f"a step's width must be one of {w[: top + 1]!r} (≤ p_max)")
+
+    def describe(self) -> str:
+        return f"ordered-dropout (width ≤ {self.p_max:g})"
+
+    def _masks(self, layout: Layout) -> list[dict[str, torch.Tensor]]:
+        """The prefix submodel of every width up to p_max, narrowest first."""
+        return [layout.prefix_units(p) for p in self.widths if p <= self.p_max]
+
+    def trains(self, layout: Layout, name: str) -> bool:
+        return True  # every tensor keeps some element (each layer keeps ≥ 1 unit)
+
+    def holds_buffer(self, layout: Layout, name: str) -> bool:
+        return False  # models with buffers are refused; the base's are kept
+
+    def coverage(self, layout: Layout, name: str, like: torch.Tensor) -> torch.Tensor | bool:
+        got = self.program(layout).coverage
+        assert got is not None
+        c = got[name]
+        return c.to(like.device) if isinstance(c, torch.Tensor) else c
+
+    def step_levels(self) -> tuple[int, ...]:
+        return self.levels
+
+    def _program(self, layout: Layout, trains_fully: bool) -> Program:
+        masks = self._masks(layout)
+        held = masks[-1]
+        names = tuple(layout.param_shapes)
+        views: dict[str, tuple[slice, ...]] = {}
+        for n in names:
+            v = box_view(held[n])
+            assert v is not None  # a prefix of every dimension
+            views[n] = v
+        cover: dict[str, torch.Tensor | bool] = {
+            n: True if bool(held[n].all()) else held[n] for n in names
+        }
+        levels = tuple({n: m[n][views[n]] for n in names} for m in masks)
+        return Program(trains=names, sends=frozenset(names), views=views, coverage=cover,
+                       levels=levels, tag=("ordered-dropout", self.p_max, self.widths))  # fmt: skip
+
+    def cost(self, layout: Layout, samples: int) -> TaskCost:
+        """FLOPs of the widths the steps trained: each width's :func:`masked_cost` per
+        sample, averaged over the steps (every step at ``p_max`` when ``levels`` is empty),
+        times the samples; the p_max submodel's bytes down and up."""
+        per = [layout.prefix_cost(p) for p in self.widths if p <= self.p_max]
+        levels = self.levels or (len(per) - 1,)
+        flops = samples * sum(per[lv].flops for lv in levels) / len(levels)
+        held = per[-1]
+        return TaskCost(flops=flops, bytes_down=held.bytes_down, bytes_up=held.bytes_up)
 
 
 @dataclass(frozen=True)

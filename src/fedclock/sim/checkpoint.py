@@ -41,7 +41,18 @@ import torch
 
 from fedclock.devices.cost import SplitExchange, TaskCost, TaskTiming
 from fedclock.errors import CheckpointError
-from fedclock.models.shapes import FULL, Exit, Fragment, Full, Mask, Neurons, Split, Suffix, Width
+from fedclock.models.shapes import (
+    FULL,
+    Exit,
+    Fragment,
+    Full,
+    Mask,
+    Neurons,
+    OrderedDropout,
+    Split,
+    Suffix,
+    Width,
+)
 from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
 
 FORMAT = 3
@@ -61,7 +72,7 @@ def register_value_type(cls: type) -> type:
 
 
 _VALUES = (TaskPlan, TaskCost, TaskTiming, SplitExchange,
-           Full, Suffix, Width, Fragment, Neurons, Exit, Mask, Split)  # fmt: skip
+           Full, Suffix, Width, Fragment, Neurons, OrderedDropout, Exit, Mask, Split)  # fmt: skip
 for _cls in _VALUES:
     register_value_type(_cls)
 

@@ -27,6 +27,7 @@ from fedclock.config import (
     FedRAARandomOptions,
     FedRAASyncOptions,
     FedRolexOptions,
+    FjordOptions,
     HeteroFLOptions,
     PruneFLOptions,
     RamFedOptions,
@@ -52,6 +53,7 @@ from fedclock.strategies.cis import build_cis
 from fedclock.strategies.feddyn import build_feddyn
 from fedclock.strategies.fednova import FedNovaWeighting, normalized_buffers
 from fedclock.strategies.fedraa import build_fedraa
+from fedclock.strategies.fjord import build_fjord
 from fedclock.strategies.planners import LocalSGDPlanner, local_sgd_plan, local_sgd_planner
 from fedclock.strategies.prunefl import build_prunefl
 from fedclock.strategies.ramfed import build_ramfed
@@ -179,6 +181,7 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec("feddyn", build_feddyn, FedDynOptions),
         StrategySpec("ram-fed", build_ramfed, RamFedOptions),
         StrategySpec("fedrolex", build_ramfed, FedRolexOptions),
+        StrategySpec("fjord", build_fjord, FjordOptions),
         StrategySpec("prunefl", build_prunefl, PruneFLOptions),
         StrategySpec("splitfed", build_splitfed, SplitFedOptions),
         StrategySpec("drop-stragglers", _drop_stragglers, DropStragglersOptions),

@@ -250,7 +250,7 @@ class MemoryAverage:
 
 
 # --------------------------------------------------------------------- the strategy
-def _refusal(model: nn.Module) -> str | None:
+def refusal(model: nn.Module) -> str | None:
     """Why RAM-Fed cannot split ``model`` into neuron submodels, or None."""
     if isinstance(model, EarlyExitNet):
         return "splits single-exit models only (not early-exit networks)"
@@ -279,7 +279,7 @@ def build_ramfed(cfg: Any, info: Any) -> Any:
     s = cfg.strategy
     if info.model is None or info.population is None:
         raise ConfigError(f"Strategy '{s.name}' needs the model and the population in BuildInfo.")
-    why = _refusal(info.model)
+    why = refusal(info.model)
     if why is not None:
         raise ConfigError(f"Strategy '{s.name}' {why}.")
     units = build_units(info.model, info.layers, "paper")

@@ -285,6 +285,8 @@ class SerialExecutor:
                 raise refuse("serial executor", shape, runs) from None
         if prog.views is not None:
             return self._run_sliced(task, prog)
+        if prog.levels is not None:  # (per-step parts are run on a submodel's slices only)
+            raise refuse("serial executor", shape, "ordered dropout on a submodel's slices")
         return self._run_program(task, prog)
 
     def _run_full(self, task: Task) -> Contribution:
@@ -433,7 +435,8 @@ class SerialExecutor:
         )  # fmt: skip
 
     def _run_sliced(self, task: Task, prog: Program) -> Contribution:
-        """A submodel task: each tensor's slice (``prog.views``) trains, the Scaler hooked."""
+        """A submodel task: each tensor's slice (``prog.views``) trains, the Scaler hooked;
+        with ``prog.levels`` each step trains its level's part of the slices."""
         model = self.model
         base = task.base.params
         views = prog.views
@@ -454,10 +457,19 @@ class SerialExecutor:
         if not self.persistent_momentum:
             self.momentum_store.pop(task.client, None)
         total = 0.0
+        # ordered dropout: step s's forward pass uses θ ⊙ m (so its gradient is 0 outside m)
+        levels = task.plan.shape.step_levels() if prog.levels is not None else None
+        level_masks = [
+            {n: m.to(self.device) for n, m in lv.items()} for lv in (prog.levels or ())
+        ]  # fmt: skip
         try:
-            for local in steps:
+            for s, local in enumerate(steps):
                 rows = idx[local].to(self.device)
-                out = functional_call(model, sub, (self._x[rows],))
+                held = sub
+                if levels:
+                    m = level_masks[levels[s]]
+                    held = {n: sub[n] * m[n] for n in self._names}
+                out = functional_call(model, held, (self._x[rows],))
                 loss = loss_fn(out, self._y[rows])
                 grads = torch.autograd.grad(loss, [sub[n] for n in self._names])
                 self._step(

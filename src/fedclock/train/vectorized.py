@@ -297,6 +297,10 @@ class VectorizedExecutor:
         self._masks_per_task = False
         self._mask_base = False
         self._block_sq: list[torch.Tensor] | None = None
+        # ordered dropout (Program.levels): per trained tensor its levels' masks stacked
+        # (L, …) in the parameters' dtype, and each task's level at each step (C, S)
+        self._block_levels: list[torch.Tensor] | None = None
+        self._block_level_of: torch.Tensor | None = None
         self._x_rows = self._x.reshape(len(self._x), -1)  # (a view: one row per sample)
         self._step = vmap(grad_and_value(self._loss))
         self._step_weighted = vmap(grad_and_value(self._loss_weighted))
@@ -559,7 +563,7 @@ class VectorizedExecutor:
         hooks = [m.register_forward_hook(scale) for m in self._scaled] if scale else []
         flat = (
             self._block_grad is not None and not fixed and stats is None
-            and all(k == n_clients for k in active)
+            and all(k == n_clients for k in active) and self._block_levels is None
             and n_clients * sum(p[0].numel() for p in params) <= FLAT_ELEMENTS
         )  # fmt: skip
         try:
@@ -628,6 +632,7 @@ class VectorizedExecutor:
         self._masks_per_task = False
         self._mask_base = False
         self._block_sq = None
+        self._block_levels = self._block_level_of = None
         if shape is FULL:
             return self._names, [], None, None
         # e.g. a SALF suffix: units d..L train, the prefix is a frozen input
@@ -655,6 +660,16 @@ class VectorizedExecutor:
                 (i, prog.masks[n].to(self.device)) for i, n in enumerate(names)
                 if n in prog.masks
             ]  # fmt: skip
+        if prog.levels is not None:  # ordered dropout: every task's level at every step
+            self._block_levels = [
+                torch.stack([lv[n] for lv in prog.levels]).to(self.device, base.params[n].dtype)
+                for n in names
+            ]  # fmt: skip
+            of = torch.zeros((len(tasks), tasks[0].plan.local_steps), dtype=torch.long)
+            for j, t in enumerate(tasks):
+                got = t.plan.shape.step_levels() or ()
+                of[j, : len(got)] = torch.as_tensor(got, dtype=torch.long)
+            self._block_level_of = of.to(self.device)
         return names, fixed, prog.views, prog.scale
 
     def _block_tensors(
@@ -771,6 +786,11 @@ class VectorizedExecutor:
             r = rows[:k, s]
             p_k = params if k == n_clients else [p[:k] for p in params]
             state = dict(zip(names, p_k, strict=True))
+            held = None  # ordered dropout: this step's part of each task's model, (k, …)
+            if self._block_levels is not None and self._block_level_of is not None:
+                at = self._block_level_of[:k, s]
+                held = [lv.index_select(0, at) for lv in self._block_levels]
+                state = {n: p * m for (n, p), m in zip(state.items(), held, strict=True)}
             w_s = weights[:k, s] if partial[s] and weights is not None else None
             if fixed:
                 fz = frozen if shared or k == n_clients else {n: v[:k] for n, v in frozen.items()}
@@ -790,6 +810,8 @@ class VectorizedExecutor:
                 grads, loss = self._step_weighted(state, self._x[r], self._y[r], w_s)
             else:
                 grads, loss = self._step(state, self._x[r], self._y[r])
+            if held is not None:  # (θ ⊙ m's gradient with respect to θ)
+                grads = {n: grads[n] * m for n, m in zip(names, held, strict=True)}
             b0 = None
             if base_params is not None:
                 b0 = [b if shared or k == n_clients else b[:k] for b in base_params]
