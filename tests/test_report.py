@@ -520,7 +520,7 @@ def test_table_md_and_the_report_show_the_same_headline_metrics(tmp_path) -> Non
     md = (tmp_path / "table.md").read_text()
     html = _headline_rows([row])
     for key in ("final_test_accuracy", "surrogate_loss_tail", "client_loss_std_tail"):
-        label = next(lab for k, lab, _, _ in HEADLINE if k == key)
+        label = next(m.label for m in HEADLINE if m.key == key)
         assert label in md and label in html
     groups = {
         "a": [{"seed": 1, "surrogate_loss_tail": 2.0}],
@@ -528,3 +528,48 @@ def test_table_md_and_the_report_show_the_same_headline_metrics(tmp_path) -> Non
     }
     (diff,) = paired_differences(groups, metrics=("surrogate_loss_tail",))
     assert diff["mean"] == -1.0 and diff["wins"] == 1 and not diff["higher_is_better"]
+
+
+def test_every_view_takes_its_headline_metrics_from_the_one_list(tmp_path, monkeypatch) -> None:
+    """Dropping a metric from runs.tables.HEADLINE drops it from table.md, report.html's
+    table and the console's comparison table; the progress bar, a sweep's pivot and the
+    comparison plot follow runs.tables.lead."""
+    from types import SimpleNamespace
+
+    from fedclock import cli
+    from fedclock.report import _headline_rows
+    from fedclock.runs import tables
+    from fedclock.runs.tables import HEADLINE, headline_metric, lead, write_table
+
+    row: dict[str, Any] = {"strategy": "fedavg", "n_seeds": 1}
+    for m in HEADLINE:
+        row |= {f"{m.key}_mean": 0.5, f"{m.key}_std": 0.0}
+    del row["federated_loss_tail_mean"]  # (an accuracy run)
+    cfg = SimpleNamespace(name="x", budget=SimpleNamespace(virtual_time=None),
+                          eval=SimpleNamespace(target_accuracy=0.9))  # fmt: skip
+
+    def views() -> tuple[str, str, list[str]]:
+        write_table([row], tmp_path, id_cols=["strategy"])
+        console = cli._compare_table(cfg, [row], ["fedavg"], [1], tmp_path)
+        return (
+            (tmp_path / "table.md").read_text(),
+            _headline_rows([row]),
+            [str(c.header) for c in console.columns],
+        )
+
+    md, html, console = views()
+    assert "useful work" in md and "useful work" in html and "useful work" in console
+    assert console == ["strategy", "CIS acc", "last-exit acc", "last-exit best", "time to 0.9 (s)",
+                       "server steps", "discarded", "useful work", "clients heard"]  # fmt: skip
+    monkeypatch.setattr(
+        tables, "HEADLINE", tuple(m for m in HEADLINE if m.key != "useful_work_ratio")
+    )
+    md, html, console = views()
+    assert "useful work" not in md and "useful work" not in html and "useful work" not in console
+    # one rule picks the lead metric for every view
+    assert headline_metric([row]) == lead({"cis_accuracy"}).key == "cis_accuracy"
+    assert cli.headline_column({"test_accuracy": 1, "federated_loss": 2}) == (
+        "federated_loss", "loss")  # fmt: skip
+    assert lead({"test_accuracy", "federated_loss"}, curves=True, accuracy=True).curve == (
+        "test_accuracy"
+    )

@@ -290,15 +290,13 @@ class _Bar:
 
 
 def headline_column(row: dict[str, Any]) -> tuple[str, str]:
-    """The metrics.csv column a run's progress bar shows, and its short name: the routed CIS
-    accuracy where there is one (early exits on a CIS tree), the federated loss where the
-    clients' losses are measured (Fraboni et al.'s presets: their headline is a loss),
-    else the (last exit's) test accuracy."""
-    if "cis_accuracy" in row:
-        return "cis_accuracy", "cis"
-    if "federated_loss" in row:
-        return "federated_loss", "loss"
-    return "test_accuracy", "acc"
+    """The metrics.csv column a run's progress bar shows and its short name: the curve of
+    the run's headline metric (:func:`fedclock.runs.tables.lead`)."""
+    from fedclock.runs.tables import lead
+
+    m = lead(row, curves=True)
+    assert m.curve is not None
+    return m.curve, m.short
 
 
 def _progress(console: Console, quiet: bool) -> Progress:
@@ -314,26 +312,36 @@ def _progress(console: Console, quiet: bool) -> Progress:
     )
 
 
+#: headline metrics `fedclock run`'s table shows as "—" when the run has none
+_ALWAYS_SHOWN = ("final_test_accuracy", "best_test_accuracy", "final_test_loss", "time_to_target")
+#: what `fedclock run`'s table shows after the headline metrics
+_RUN_ACCOUNTING = (
+    "updates_used", "updates_rejected", "compute_s_spent", "compute_s_wasted", "cis_sigma",
+    "cis_lambda_tilde", "wall_s",
+)  # fmt: skip
+
+
 def _summary_table(summary: dict[str, Any], run_dir: Path) -> Table:
     t = Table(
         title=f"{summary['name']} · {summary['strategy']} · seed {summary['seed']} · {summary['status']}"
     )
     t.add_column("metric")
     t.add_column("value", justify="right")
-    for key in (
-        "final_test_accuracy", "best_test_accuracy", "final_test_loss", "time_to_target",
-        "virtual_time", "aggregations", "updates_used", "updates_discarded", "updates_rejected",
-        "compute_s_spent",
-        "compute_s_wasted", "useful_work_ratio", "wall_s",
-    ):  # fmt: skip
-        v = summary.get(key)
-        t.add_row(key, "—" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v)))
-    for key in ("cis_accuracy", "cis_sigma", "cis_lambda_tilde"):  # CIS: headline, σ, Λ̃
-        v = summary.get(key)
-        if isinstance(v, float):
-            t.add_row(key, f"{v:.4g}")
-        elif isinstance(v, list):
+    from fedclock.runs.tables import HEADLINE
+
+    def show(key: str, v: Any) -> None:
+        if isinstance(v, list):  # (CIS's σ and Λ̃: one value per exit)
             t.add_row(key, " / ".join(f"{x:.3g}" for x in v))
+        else:
+            t.add_row(key, "—" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v)))
+
+    # the headline metrics the run has, in their order, then its accounting
+    for m in HEADLINE:
+        if m.key in summary or m.key in _ALWAYS_SHOWN:
+            show(m.key, summary.get(m.key))
+    for key in _RUN_ACCOUNTING:
+        if key in summary or key == "wall_s":
+            show(key, summary.get(key))
     t.caption = f"run directory: {run_dir}"
     return t
 
@@ -764,7 +772,7 @@ def _compare_table(
     cfg: Any, rows: list[dict[str, Any]], names: list[str], seed_list: list[int], out_dir: Path
 ) -> Table:
     """The console table of a comparison (headline metrics, mean ± std over seeds)."""
-    from fedclock.runs.tables import metric_label
+    from fedclock.runs.tables import HEADLINE, metric_label
 
     budget = f", budget {cfg.budget.virtual_time:g} virtual s" if cfg.budget.virtual_time else ""
     spread = " (mean ± std)" if len(seed_list) > 1 else ""
@@ -774,26 +782,22 @@ def _compare_table(
     )
     target = cfg.eval.target_accuracy
     cis = bool(rows) and "cis_accuracy_mean" in rows[0]
-    cols = [
-        *([("cis_accuracy", "CIS acc", ".3f")] if cis else []),
-        ("final_test_accuracy", metric_label("final_test_accuracy", "final acc", cis=cis), ".3f"),
-        ("best_test_accuracy", metric_label("best_test_accuracy", "best acc", cis=cis), ".3f"),
-        ("time_to_target", f"time to {target:g} (s)" if target else "time to target", ".4g"),
-        ("aggregations", "server steps", ".4g"),
-        ("updates_discarded", "discarded", ".4g"),
-        ("useful_work_ratio", "useful work", ".2f"),
-        ("clients_participated", "clients heard", ".4g"),
-    ]
-    if rows and "federated_loss_tail_mean" in rows[0]:
-        # Fraboni et al.'s problems (eqs. 2 and 10), averaged over the last 10% of the run
-        cols = [
-            ("final_test_accuracy", "final acc", ".3f"),
-            ("federated_loss_tail", "federated loss", ".4g"),
-            ("participation_loss_tail", "particip. loss", ".4g"),
-            ("client_loss_std_tail", "client std", ".3g"),
-            ("aggregations", "server steps", ".4g"),
-            ("mean_staleness", "staleness", ".3g"),
-        ]
+    # the headline metrics for the console (runs.tables.HEADLINE's ``console``): Fraboni et
+    # al.'s problems (client losses measured) show their losses, the others their accuracy
+    # and work
+    family = "losses" if rows and "federated_loss_tail_mean" in rows[0] else "accuracy"
+    cols = []
+    for m in HEADLINE:
+        if m.console not in ("always", family) or (m.key == "cis_accuracy" and not cis):
+            continue
+        label = metric_label(m.key, m.label, cis=cis)
+        if m.key == "time_to_target":
+            label = f"time to {target:g} (s)" if target else "time to target"
+        elif m.key == "aggregations":
+            label = "server steps"
+        elif m.key.endswith("_tail"):
+            label = label.removesuffix(" (last 10%)")  # (the caption says it)
+        cols.append((m.key, label, f".{m.digits}g"))
     ids = [
         k for k in (rows[0] if rows else {})
         if k not in ("strategy", "n_seeds") and not k.endswith(("_mean", "_std"))

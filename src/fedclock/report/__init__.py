@@ -48,10 +48,6 @@ _PALETTE = (
 )  # fmt: skip
 _MAX_POINTS = 1500  # points per curve (long runs are thinned evenly; the ends are kept)
 
-# paired differences are shown for these (the rest are descriptive)
-_PAIRED = ("cis_accuracy", "final_test_accuracy", "final_test_loss", "federated_loss_tail",
-           "time_to_target")  # fmt: skip
-
 
 # ----------------------------------------------------------------------------- reading
 def folder_kind(folder: Path) -> str:
@@ -400,33 +396,40 @@ def _headline_rows(rows: list[dict[str, Any]]) -> str:
     ids = _id_cols(rows)
     cis = any(math.isfinite(r.get("cis_accuracy_mean", math.nan)) for r in rows)
     present = [
-        h for h in HEADLINE if any(math.isfinite(r.get(f"{h[0]}_mean", math.nan)) for r in rows)
-    ]
+        m for m in HEADLINE
+        if m.table and any(math.isfinite(r.get(f"{m.key}_mean", math.nan)) for r in rows)
+    ]  # fmt: skip
     body = []
     for r in rows:
         n = _seeds_of(r)
         cells = [_esc(r[c]) if r[c] != "" else "—" for c in ids]
-        cells += [_mean_std(r.get(f"{k}_mean", math.nan), r.get(f"{k}_std", math.nan), n, d)
-                  for k, _, d, _ in present]  # fmt: skip
+        cells += [
+            _mean_std(r.get(f"{m.key}_mean", math.nan), r.get(f"{m.key}_std", math.nan), n,
+                      m.digits)
+            for m in present
+        ]  # fmt: skip
         cells.append(str(n))
         body.append(cells)
-    labels = [_esc(metric_label(k, lab, cis=cis)) for k, lab, _, _ in present]
+    labels = [_esc(metric_label(m.key, m.label, cis=cis)) for m in present]
     return _table([*map(_esc, ids), *labels, "seeds"], body, "num")
 
 
 def paired_differences(
-    groups: dict[str, list[dict[str, Any]]], metrics: Sequence[str] = _PAIRED
+    groups: dict[str, list[dict[str, Any]]], metrics: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
     """Per-seed differences of each group against the first (same seed = same devices, data
     and draws): for every metric present, mean and sample std of (group − first) over the
-    seeds both have, and in how many seeds the group is better."""
+    seeds both have, and in how many seeds the group is better. ``metrics``: the headline
+    metrics marked ``paired`` by default (the rest are descriptive)."""
     names = list(groups)
     if len(names) < 2:
         return []
     from fedclock.runs.tables import HEADLINE
 
+    if metrics is None:
+        metrics = [m.key for m in HEADLINE if m.paired]
     base = {s["seed"]: s for s in groups[names[0]] if isinstance(s.get("seed"), int)}
-    better = {k: hi for k, _, _, hi in HEADLINE}
+    better = {m.key: m.higher_better for m in HEADLINE}
     out = []
     for name in names[1:]:
         mine = {s["seed"]: s for s in groups[name] if isinstance(s.get("seed"), int)}

@@ -35,7 +35,7 @@ from fedclock.runs.grid import (
 )
 from fedclock.runs.lr import selection_loss, write_lr_grid
 from fedclock.runs.parallel import Cell, CellFailure, CellRunner
-from fedclock.runs.tables import aggregate_rows, write_table
+from fedclock.runs.tables import aggregate_rows, lead, write_table
 
 
 @reusing_data()  # its cells read one copy of their data (see DataReuse)
@@ -199,15 +199,14 @@ def run_compare(
     seeds_text = ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, seeds))
     runs = [r for rs in groups.values() for r in rs if r]
     if runs:
-        # the headline metric: routed CIS accuracy for early-exit runs (test_accuracy there
-        # is the last exit's alone), else the test accuracy
-        cis = all("cis_accuracy" in r for r in runs)
-        metric, what = (
-            ("cis_accuracy", "CIS accuracy") if cis else ("test_accuracy", "test accuracy")
-        )
+        # the headline accuracy's curve (runs.tables.lead): the routed CIS accuracy for
+        # early-exit runs (test_accuracy there is the last exit's alone), else the test
+        # accuracy; Fraboni et al.'s losses go to losses.png
+        head = lead(set.intersection(*(set(r) for r in runs)), curves=True, accuracy=True)
+        assert head.curve is not None
         plot_groups(
-            groups, out / "accuracy.png", metric=metric,
-            title=f"{cfg.name}: {what} ({seeds_text})",
+            groups, out / "accuracy.png", metric=head.curve,
+            title=f"{cfg.name}: {head.curve_label} ({seeds_text})",
         )  # fmt: skip
     if runs and all(LOSS_PANELS[0][0] in r for r in runs):
         plot_loss_panels(groups, out / "losses.png", title=f"{cfg.name} ({seeds_text})")

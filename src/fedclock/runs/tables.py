@@ -9,7 +9,8 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,25 +51,74 @@ def aggregate_rows(summaries: Sequence[dict[str, Any]], keys: dict[str, Any]) ->
     return row
 
 
-#: the headline metrics of table.md and report.html, in their order: (summary key, label,
-#: significant digits, higher is better); each is shown where some row has it (the console's
-#: comparison table picks a narrower set, cli._compare_table)
-HEADLINE: tuple[tuple[str, str, int, bool], ...] = (
-    ("cis_accuracy", "CIS acc", 3, True),
-    ("final_test_accuracy", "final acc", 3, True),
-    ("best_test_accuracy", "best acc", 3, True),
-    ("final_test_loss", "final loss", 3, False),
-    ("federated_loss_tail", "federated loss (last 10%)", 3, False),
-    ("participation_loss_tail", "participation loss (last 10%)", 3, False),
-    ("surrogate_loss_tail", "surrogate loss (last 10%)", 3, False),
-    ("client_loss_std_tail", "client loss std (last 10%)", 3, False),
-    ("mean_staleness", "mean staleness", 3, False),
-    ("time_to_target", "time to target (s)", 4, False),
-    ("virtual_time", "virtual time (s)", 4, True),
-    ("aggregations", "aggregations", 4, True),
-    ("updates_discarded", "discarded", 4, False),
-    ("useful_work_ratio", "useful work", 3, True),
-)
+@dataclass(frozen=True)
+class Metric:
+    """A headline metric: its summary.json key (and table column ``<key>_mean``/``_std``),
+    label, significant digits, direction, the metrics.csv column whose curve it summarises
+    (the progress bar's value, the plots' y) with that curve's short and long names, and
+    which console tables show it: ``always``, ``accuracy`` (runs without measured client
+    losses), ``losses`` (runs with them: Fraboni et al.'s problems) or ``""`` (tables and
+    the report only)."""
+
+    key: str
+    label: str
+    digits: int
+    higher_better: bool
+    curve: str | None = None
+    short: str = ""
+    curve_label: str = ""
+    console: str = ""
+    table: bool = True  # table.md and report.html (False: the console only)
+    paired: bool = False  # the report's paired differences against the first strategy
+
+
+#: THE list of headline metrics, in their order: table.md, report.html, the console's
+#: comparison table (those with ``console``), `fedclock run`'s summary table, and — through
+#: :func:`lead` — the progress bars, a sweep's pivot and plots, and the comparison's plot
+HEADLINE: tuple[Metric, ...] = (
+    Metric("cis_accuracy", "CIS acc", 3, True, curve="cis_accuracy", short="cis",
+           curve_label="CIS accuracy", console="always", paired=True),
+    Metric("final_test_accuracy", "final acc", 3, True, curve="test_accuracy", short="acc",
+           curve_label="test accuracy", console="always", paired=True),
+    Metric("val_best_test_accuracy", "val-best acc", 3, True, curve="test_accuracy",
+           short="acc", curve_label="test accuracy"),
+    Metric("best_test_accuracy", "best acc", 3, True, console="accuracy"),
+    Metric("final_test_loss", "final loss", 3, False, paired=True),
+    Metric("federated_loss_tail", "federated loss (last 10%)", 3, False,
+           curve="federated_loss", short="loss", curve_label="federated loss",
+           console="losses", paired=True),
+    Metric("participation_loss_tail", "participation loss (last 10%)", 3, False,
+           console="losses"),
+    Metric("surrogate_loss_tail", "surrogate loss (last 10%)", 3, False),
+    Metric("client_loss_std_tail", "client loss std (last 10%)", 3, False, console="losses"),
+    Metric("mean_staleness", "mean staleness", 3, False, console="losses"),
+    Metric("time_to_target", "time to target (s)", 4, False, console="accuracy", paired=True),
+    Metric("virtual_time", "virtual time (s)", 4, True),
+    Metric("aggregations", "aggregations", 4, True, console="always"),
+    Metric("updates_discarded", "discarded", 4, False, console="accuracy"),
+    Metric("useful_work_ratio", "useful work", 3, True, console="accuracy"),
+    Metric("clients_participated", "clients heard", 4, True, console="accuracy", table=False),
+)  # fmt: skip
+BY_KEY = {m.key: m for m in HEADLINE}
+
+#: which metric a run leads with, first match: the routed CIS accuracy (early exits: the
+#: test accuracy is the last exit's alone), the federated loss where clients' losses are
+#: measured (Fraboni et al.'s headline is a loss), the test accuracy at the best validation
+#: checkpoint (SALF's Table II), else the final test accuracy
+LEAD = ("cis_accuracy", "federated_loss_tail", "val_best_test_accuracy", "final_test_accuracy")
+
+
+def lead(keys: Collection[str], *, curves: bool = False, accuracy: bool = False) -> Metric:
+    """The headline metric of runs whose summaries (or, ``curves``: metrics.csv rows) hold
+    ``keys``; ``accuracy``: the first that is an accuracy (a plot of accuracy)."""
+    for k in LEAD:
+        m = BY_KEY[k]
+        if accuracy and not m.higher_better:
+            continue
+        if (m.curve if curves else m.key) in keys:
+            return m
+    return BY_KEY["final_test_accuracy"]
+
 
 #: an early-exit run's test accuracy is its last exit's alone (its headline is the routed
 #: CIS accuracy): the labels tables, the console and the report give it there
@@ -92,7 +142,9 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path, *, id_cols: Sequence[
         w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
     write_output(out / "table.csv", text.getvalue().encode())
     cis = "cis_accuracy_mean" in cols
-    headline = [(k, metric_label(k, lab, cis=cis), d) for k, lab, d, _ in HEADLINE]
+    headline = [
+        (m.key, metric_label(m.key, m.label, cis=cis), m.digits) for m in HEADLINE if m.table
+    ]
     present = [h for h in headline if f"{h[0]}_mean" in cols]
     lines = [
         "| " + " | ".join([*id_cols, *(h[1] for h in present), "seeds"]) + " |",
@@ -136,9 +188,6 @@ def write_pivot(rows: Sequence[dict[str, Any]], out: Path, path: str, values: li
 
 
 def headline_metric(rows: Sequence[dict[str, Any]]) -> str:
-    """The Table II metric: best-validation checkpoint's test accuracy if recorded (CIS
-    accuracy for early-exit runs)."""
-    for key in ("cis_accuracy", "val_best_test_accuracy", "final_test_accuracy"):
-        if rows and f"{key}_mean" in rows[0]:
-            return key
-    return "final_test_accuracy"
+    """The key of a table's headline metric (:func:`lead` of its first row's columns)."""
+    keys = {k.removesuffix("_mean") for k in rows[0]} if rows else set()
+    return lead(keys).key
