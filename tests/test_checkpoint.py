@@ -29,7 +29,7 @@ from fedclock.sim.checkpoint import (
     is_component,
     read,
     restore,
-    write_atomic,
+    write_checkpoint,
 )
 from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
 from tests.conftest import load_script, tiny_raw
@@ -56,7 +56,7 @@ def _task(tid: int, base: ModelVersion, shape: Any = FULL) -> Task:
 
 
 def _roundtrip(obj: object, tmp_path: Path) -> dict[str, Any]:
-    write_atomic(tmp_path / "c.pt", {"format": FORMAT, "state": capture(obj)})
+    write_checkpoint(tmp_path / "c.pt", {"format": FORMAT, "state": capture(obj)})
     return read(tmp_path / "c.pt")
 
 
@@ -271,7 +271,7 @@ def test_resume_refuses_a_checkpoint_of_another_config_or_source(tmp_path: Path)
         run_experiment(other, run_dir=tmp_path, resume=True)
     payload = read(tmp_path / CHECKPOINT_FILE)
     payload["source_digest"] = "sha256:0"
-    write_atomic(tmp_path / CHECKPOINT_FILE, payload)
+    write_checkpoint(tmp_path / CHECKPOINT_FILE, payload)
     with pytest.raises(CheckpointError, match="other fedclock source"):
         run_experiment(cfg, run_dir=tmp_path, resume=True)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +172,14 @@ def write_output(path: Path, data: bytes) -> None:
     write_atomic(path, data)
 
 
+#: test-only (the fault-injection suite, tests/test_faults.py): called as ``hook(path,
+#: stage)`` at every write of a file fedclock makes — ``temporary`` (the temporary file
+#: written and synced, not yet renamed), ``renamed`` (``path`` replaced, the folder not yet
+#: synced) and ``appended`` (a row appended to metrics.csv) — so a test can kill the process
+#: at an exact write; None in normal use
+fault_hook: Callable[[Path, str], None] | None = None
+
+
 def temporary_name(path: Path) -> Path:
     """Where :func:`write_atomic` writes ``path`` first: ``.NAME.PID.tmp`` in its folder (the
     one pattern :func:`is_temporary` recognises)."""
@@ -195,7 +203,11 @@ def write_atomic(path: Path, data: bytes | str) -> None:
             fh.write(raw)
             fh.flush()
             os.fsync(fh.fileno())
+        if fault_hook is not None:
+            fault_hook(path, "temporary")
         os.replace(tmp, path)
+        if fault_hook is not None:
+            fault_hook(path, "renamed")
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise OSError(exc.errno, exc.strerror, str(path)) from None

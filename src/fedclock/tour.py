@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedclock.errors import ConfigError
+from fedclock.outputs import write_atomic
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,5 @@ def write_tour_record(out: Path, steps: list[dict[str, Any]], wall_s: float) -> 
     check_tour_folder(out, steps=False)
     path = out / TOUR_FILE
     out.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"steps": steps, "wall_s": wall_s}, indent=1) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps({"steps": steps, "wall_s": wall_s}, indent=1) + "\n")
     return path

@@ -4,8 +4,8 @@ panels, and of sweeps (a metric against the swept value)."""
 from __future__ import annotations
 
 import csv
+import io
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,14 +69,14 @@ def step_interp(t: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
 def _save(fig: Any, out: Path) -> Path:
     """Write ``fig`` to ``out`` (its folder made if needed; never over a file fedclock did
     not make: :mod:`fedclock.outputs`) and free it."""
-    from fedclock.outputs import check_writable, png_metadata
+    from fedclock.outputs import check_writable, png_metadata, write_atomic
 
     try:
         check_writable([out])
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        fig.savefig(tmp, dpi=120, format="png", metadata=png_metadata())
-        tmp.replace(out)
+        buf = io.BytesIO()
+        fig.savefig(buf, dpi=120, format="png", metadata=png_metadata())
+        write_atomic(out, buf.getvalue())
     finally:
         plt.close(fig)
     return out

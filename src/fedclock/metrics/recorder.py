@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from fedclock import outputs
 from fedclock.outputs import write_atomic
 
 METRIC_COLUMNS = (
@@ -240,6 +241,8 @@ class RunRecorder:
         try:
             self._writer.writerow({k: _fmt(row[k]) for k in self.columns})
             self._fh.flush()
+            if outputs.fault_hook is not None:
+                outputs.fault_hook(self.run_dir / "metrics.csv", "appended")
         except OSError as exc:  # a full disk: name the file (the rows before stay)
             raise OSError(exc.errno, exc.strerror, str(self.run_dir / "metrics.csv")) from None
 

@@ -26,7 +26,6 @@ import gzip
 import html
 import json
 import math
-import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,7 +35,7 @@ import numpy as np
 
 from fedclock.errors import DataError
 from fedclock.metrics.timeline import TIMELINE_FILE
-from fedclock.outputs import HTML_GENERATOR, check_writable
+from fedclock.outputs import HTML_GENERATOR, check_writable, write_atomic
 
 REPORT_FILE = "report.html"
 #: what a tour (``fedclock tour``) records in its folder: its steps and their conclusions
@@ -851,7 +850,5 @@ def write_report(
     out = folder / REPORT_FILE
     check_writable([out])
     text = build_report(folder, seeds=seeds, window=window)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
+    write_atomic(out, text)
     return out

@@ -27,9 +27,7 @@ import hashlib
 import io
 import json
 import math
-import os
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -320,35 +318,16 @@ def encode(payload: dict[str, Any]) -> bytes:
     return b"%s %d sha256:%s\n" % (MAGIC, FORMAT, digest.encode()) + body
 
 
-def write_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """The checkpoint (:func:`encode`) to a temporary file in the same folder, fsync, rename
-    over ``path``."""
+def write_checkpoint(path: Path, payload: dict[str, Any]) -> None:
+    """The checkpoint (:func:`encode`) written whole or not at all
+    (:func:`fedclock.outputs.write_atomic`: a temporary file, fsync, rename); a failed write
+    is one sentence naming it."""
+    from fedclock.outputs import write_atomic
+
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=path.parent)
+        write_atomic(path, encode(payload))
     except OSError as exc:
         raise CheckpointError(f"Could not write the checkpoint {path}: {_reason(exc)}.") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(encode(payload))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise CheckpointError(f"Could not write the checkpoint {path}: {_reason(exc)}.") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:  # the rename itself survives a power cut once the folder is synced
-        dfd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
 
 
 def _reason(exc: BaseException) -> str:
@@ -441,7 +420,7 @@ class Checkpointer:
 
     def save(self, sim: Any) -> None:
         payload = {**self.header, "format": FORMAT, "rows": len(sim.history), "state": capture(sim)}
-        write_atomic(self.path, payload)
+        write_checkpoint(self.path, payload)
         self.saves += 1
         if self.every_aggregations is not None:
             self._next_aggregation = sim.counters.aggregations + self.every_aggregations
