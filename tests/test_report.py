@@ -466,18 +466,21 @@ def test_sweep_report_pairs_the_strategies_at_each_value(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(
-    ("damage", "words"),
+    ("damage", "words", "left_out"),
     [
-        ("table.csv", "not UTF-8"),
-        ("runs/fedavg/seed-1/summary.json", "is damaged"),
-        ("runs/fedavg/seed-1/metrics.csv", "not a run's metrics table"),
-        ("runs/fedavg/seed-1/config.yaml", None),  # the config is shown as it is
-        ("n_seeds", None),
+        ("table.csv", "not UTF-8", False),
+        ("runs/fedavg/seed-1/summary.json", "is damaged", True),
+        ("runs/fedavg/seed-1/metrics.csv", "line 2 holds 'x'", True),
+        ("runs/fedavg/seed-1/config.yaml", None, False),  # the config is shown as it is
+        ("n_seeds", None, False),
     ],
 )
 def test_a_damaged_folder_is_one_sentence_or_still_a_report(
-    tmp_path: Path, damage: str, words: str | None
+    tmp_path: Path, damage: str, words: str | None, left_out: bool
 ) -> None:
+    """The comparison's own table damaged: one sentence, no report. One run's summary or
+    metrics damaged: the report is written without that run, its first section names the
+    file and line, and the command says so in a note (≤ 6 lines, no traceback)."""
     out = _compare_folder(tmp_path)
     if damage == "n_seeds":
         text = (out / "table.csv").read_text().replace(",3\n", ",x\n")
@@ -487,12 +490,19 @@ def test_a_damaged_folder_is_one_sentence_or_still_a_report(
     else:
         (out / damage).write_bytes(b"\xff\xfe{: :")
     res = runner.invoke(app, ["report", str(out)])
+    assert "Traceback" not in res.output
     if words is None:
         assert res.exit_code == 0 and (out / REPORT_FILE).is_file(), res.output
+    elif left_out:
+        assert res.exit_code == 0, res.output
+        lines = [line for line in res.output.splitlines() if line.strip()]
+        assert len(lines) <= 6 and any("left out" in x and words in x for x in lines), lines
+        page = (out / REPORT_FILE).read_text().split("<script", 1)[0]
+        assert "Damaged files" in page and words.replace("'", "&#x27;") in page
+        assert "fedbuff" in page  # (the rest is there)
     else:
         lines = [line for line in res.stderr.splitlines() if line.strip()]
         assert res.exit_code == 2 and len(lines) == 1 and words in lines[0], res.output
-        assert "Traceback" not in res.output
 
 
 def test_a_diverged_run_still_has_its_report(tmp_path: Path) -> None:

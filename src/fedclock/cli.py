@@ -152,6 +152,19 @@ def _user_errors() -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
+def _header_only(path: Path) -> bool:
+    """Whether ``path`` is a metrics.csv fedclock had just begun: its header line alone."""
+    from fedclock.metrics.recorder import METRIC_COLUMNS
+
+    try:
+        if path.is_symlink() or path.stat().st_size > 4096:
+            return False
+        lines = path.read_bytes().splitlines()
+    except OSError:
+        return False
+    return len(lines) == 1 and lines[0].startswith(",".join(METRIC_COLUMNS).encode())
+
+
 def _fresh_run_dir(out: Path | None, cfg: Any) -> None:
     """``run --out``: a new or empty folder, or one holding a run of this very config (made
     again, the same numbers): no other file already there is ever overwritten."""
@@ -170,8 +183,8 @@ def _fresh_run_dir(out: Path | None, cfg: Any) -> None:
         raise ConfigError(f"--out {out} is a file; give a folder for the run.")
     # (a checkpoint being written when the process was killed leaves a temporary file)
     names = {p.name for p in out.iterdir() if not is_temporary(p.name)}
-    if not names:
-        return
+    if not names or (names == {"metrics.csv"} and _header_only(out / "metrics.csv")):
+        return  # (empty, or a run killed before it wrote its config: started again)
     try:
         same = (out / "config.yaml").read_bytes() == to_yaml(cfg).encode()
     except OSError:
@@ -193,6 +206,19 @@ def _resume_config(run_dir: Path) -> Any:
     from fedclock.sim.checkpoint import CHECKPOINT_FILE
 
     if not (run_dir / "config.yaml").is_file():
+        from fedclock.outputs import is_temporary
+
+        # (the recorder makes metrics.csv, then config.yaml: a kill between leaves no config)
+        kept = (
+            {p.name for p in run_dir.iterdir() if not is_temporary(p.name)}
+            if run_dir.is_dir()
+            else None
+        )
+        if kept is not None and kept <= {"metrics.csv"}:
+            raise ConfigError(
+                f"--resume {run_dir}: the run was stopped before it wrote its config, so "
+                "nothing of it is kept; run the command that started it again."
+            )
         raise ConfigError(f"--resume {run_dir}: no fedclock run there (it has no config.yaml).")
     if not (run_dir / CHECKPOINT_FILE).is_file():
         # (with a checkpoint the summary is rewritten: a kill may have cut it short)
@@ -404,13 +430,18 @@ def run(
             out = resume
             if cfg is None:  # the run had finished
                 from fedclock.metrics.recorder import read_summary
+                from fedclock.outputs import clean_temporaries
+                from fedclock.report import REPORT_FILE
 
                 summary = read_summary(resume)
                 assert summary is not None
+                clean_temporaries(resume)  # (a kill while its report was written)
                 console.print(_summary_table(summary, resume))
                 console.print(
                     f"{resume} holds a finished run ({summary['status']}): nothing to resume."
                 )
+                if not (resume / REPORT_FILE).exists():
+                    _write_report(console, resume)
                 return
         else:
             cfg = _load(config, preset, set_, data_dir, console=console)
@@ -722,8 +753,9 @@ def _write_report(console: Console, folder: Path, seeds: list[int] | None = None
     written already, so a report that cannot be written is a note, not a failure."""
     from fedclock.report import write_report
 
+    damaged: list[str] = []
     try:
-        path = write_report(folder, seeds=seeds)
+        path = write_report(folder, seeds=seeds, damaged=damaged)
     except (FedclockError, OSError) as exc:
         console.print(f"[yellow]note:[/] no report written: {exc}", highlight=False, soft_wrap=True)
         return None
@@ -741,6 +773,8 @@ def _write_report(console: Console, folder: Path, seeds: list[int] | None = None
             soft_wrap=True,
         )
         return None
+    for d in damaged:  # (left out of the page, which says so)
+        console.print(f"[yellow]note:[/] left out: {d}", highlight=False, soft_wrap=True)
     console.print(f"report: {path}", highlight=False, soft_wrap=True)
     return path
 
@@ -1214,7 +1248,10 @@ def report(
                 raise DataError(
                     f"{folder} is not a folder; give a run, comparison or sweep folder."
                 )
-            path = write_report(folder, window=window)
+            damaged: list[str] = []
+            path = write_report(folder, window=window, damaged=damaged)
+            for d in damaged:  # (left out of the page, which says so)
+                console.print(f"[yellow]note:[/] left out: {d}", highlight=False, soft_wrap=True)
             console.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 

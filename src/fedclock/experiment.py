@@ -545,9 +545,6 @@ def _checkpoint_to_resume(
     """The checkpoint in ``run_dir`` to continue (``resume``), checked against ``header``;
     otherwise any old one is removed, so that it is never resumed into this run."""
     ck_path = run_dir / CHECKPOINT_FILE
-    if run_dir.is_dir():  # left by a process killed while writing a checkpoint
-        for tmp in run_dir.glob(".checkpoint-*.tmp"):
-            tmp.unlink(missing_ok=True)
     if resume and ck_path.is_file():
         resumed: dict[str, Any] = read_checkpoint(ck_path, map_location=device)
         check_resumable(resumed, header, run_dir)

@@ -231,6 +231,38 @@ def is_temporary(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
+def clean_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporary files (``.NAME.PID.tmp``) that killed fedclock processes left in
+    ``folder``: those whose process is gone (a live process's, e.g. a second command in the
+    same ``--out``, stay). Returns what was removed."""
+    gone: list[Path] = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return gone
+    for p in entries:
+        parts = p.name.rsplit(".", 2)
+        if not (is_temporary(p.name) and len(parts) == 3 and parts[1].isdigit()):
+            continue
+        pid = int(parts[1])
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # (alive: not ours to remove)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue  # (another user's process: alive)
+        try:
+            if p.is_file() and not p.is_symlink():
+                p.unlink()
+                gone.append(p)
+        except OSError:
+            pass
+    return gone
+
+
 def is_run_folder(folder: Path) -> bool:
     """Whether ``folder`` holds nothing but a fedclock run's files (and fedclock's plots)."""
     names = [p for p in folder.iterdir() if not is_temporary(p.name)]

@@ -23,13 +23,19 @@ def colour(i: int, n: int) -> Any:
     return f"C{i}" if n <= 10 else plt.get_cmap("tab20")(i % 20)
 
 
-def _read_csv(path: Path, what: str) -> list[dict[str, str]]:
-    """The rows of a CSV file as text; one sentence naming it if it is not a CSV table."""
+def _read_csv(path: Path, what: str, lines: list[int] | None = None) -> list[dict[str, str]]:
+    """The rows of a CSV file as text (``lines``, if given, gets each row's line number);
+    one sentence naming the file, and the line, if it is not a CSV table."""
     from fedclock.errors import DataError
 
+    at: list[int] = [] if lines is None else lines
     try:
         with path.open(encoding="utf-8", newline="") as fh:
-            rows = list(csv.DictReader(fh))
+            reader = csv.DictReader(fh)
+            rows = []
+            for r in reader:
+                rows.append(r)
+                at.append(reader.line_num)
     except UnicodeDecodeError:
         raise DataError(f"{path} is not {what}: it is not UTF-8 text.") from None
     except csv.Error as exc:
@@ -37,8 +43,13 @@ def _read_csv(path: Path, what: str) -> list[dict[str, str]]:
     except OSError as exc:
         reason = (exc.strerror or type(exc).__name__).lower()
         raise DataError(f"{path} could not be read ({reason}).") from None
-    if any(None in r or None in r.values() for r in rows):
-        raise DataError(f"{path} is not {what}: its rows do not match its header.")
+    for i, r in enumerate(rows):
+        if None in r or None in r.values():
+            named = [k for k in r if k is not None]
+            fields = sum(r[k] is not None for k in named) + len(r.get(None) or [])
+            raise DataError(
+                f"{path} is not {what}: line {at[i]} has {fields} fields, its header {len(named)}."
+            )
     return rows
 
 
@@ -46,15 +57,23 @@ def read_metrics(run_dir: Path) -> dict[str, np.ndarray]:
     from fedclock.errors import DataError
 
     path = run_dir / "metrics.csv"
-    rows = _read_csv(path, "a run's metrics table")
+    lines: list[int] = []
+    rows = _read_csv(path, "a run's metrics table", lines)
     if not rows:
         return {}
     try:
         return {k: np.array([float(r[k] or "nan") for r in rows]) for k in rows[0]}
     except ValueError:
-        raise DataError(
-            f"{path} is not a run's metrics table: it holds values that are not numbers."
-        ) from None
+        for i, r in enumerate(rows):  # (the first value that is not a number, for the sentence)
+            for k, v in r.items():
+                try:
+                    float(v or "nan")
+                except ValueError:
+                    raise DataError(
+                        f"{path} is not a run's metrics table: line {lines[i]} holds "
+                        f"{v[:20]!r} in column {k[:40]!r}, which is not a number."
+                    ) from None
+        raise
 
 
 def step_interp(t: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:

@@ -158,6 +158,8 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
     except OSError as exc:
         reason = (exc.strerror or type(exc).__name__).lower()
         raise DataError(f"{path} could not be read ({reason}).") from None
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path} is damaged: it is not JSON (line {exc.lineno}).") from None
     except ValueError:  # (UnicodeDecodeError is one)
         raise DataError(f"{path} is damaged: it is not JSON.") from None
     if not isinstance(data, dict):
@@ -181,6 +183,7 @@ class RunRecorder:
         self.run_dir = run_dir
         self.columns = (*METRIC_COLUMNS, *extra_columns)
         run_dir.mkdir(parents=True, exist_ok=True)
+        outputs.clean_temporaries(run_dir)  # (left by a process killed while writing)
         stale_files = ["summary.json", "clients.csv", "timeline.csv"]
         if resume_rows is None:
             stale_files.append("metrics.csv")

@@ -21,6 +21,7 @@ a sweep's show one per cell, of the cell's first seed.
 from __future__ import annotations
 
 import base64
+import contextvars
 import functools
 import gzip
 import html
@@ -63,16 +64,38 @@ def folder_kind(folder: Path) -> str:
     )
 
 
+#: the sentences of the damaged files met while one report is built (build_report lists
+#: them on the page and hands them to its caller)
+_DAMAGED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "fedclock_report_damaged", default=None
+)
+
+
 class _Run:
-    """One run folder: summary, metrics, config text."""
+    """One run folder: summary, metrics, config text. A damaged summary or metrics file is
+    read as empty and its sentence kept (``damage``; the report lists it and leaves the run
+    out of its tables and curves)."""
 
     def __init__(self, folder: Path) -> None:
         from fedclock.metrics.plots import read_metrics
         from fedclock.metrics.recorder import read_summary
 
         self.folder = folder
-        self.summary: dict[str, Any] = read_summary(folder) or {}
-        self.metrics = read_metrics(folder) if (folder / "metrics.csv").is_file() else {}
+        self.damage: list[str] = []
+        self.summary: dict[str, Any] = {}
+        self.metrics: dict[str, Any] = {}
+        try:
+            self.summary = read_summary(folder) or {}
+        except DataError as exc:
+            self.damage.append(str(exc))
+        try:
+            if (folder / "metrics.csv").is_file():
+                self.metrics = read_metrics(folder)
+        except DataError as exc:
+            self.damage.append(str(exc))
+        seen = _DAMAGED.get()
+        if seen is not None:
+            seen.extend(d for d in self.damage if d not in seen)
         cfg = folder / "config.yaml"
         self.config_text = (
             cfg.read_text(encoding="utf-8", errors="replace") if cfg.is_file() else ""
@@ -105,7 +128,9 @@ def _seed_runs(folder: Path, seeds: Sequence[int] | None) -> list[_Run]:
             continue
         if seeds is not None and seed not in seeds:
             continue
-        runs.append(_Run(d))
+        run = _Run(d)
+        if not run.damage:  # (a damaged run is listed on the page, not averaged)
+            runs.append(run)
     runs.sort(key=lambda r: r.seed if r.seed is not None else 0)
     return runs
 
@@ -506,6 +531,8 @@ def _run_page(
     folder: Path, figs: _Figures, window: tuple[float, float] | None = None
 ) -> tuple[str, list[tuple[str, str]]]:
     run = _Run(folder)
+    if run.damage:  # (the page would be that run's alone: nothing to show instead)
+        raise DataError(run.damage[0])
     s = run.summary
     title = f"{s.get('name', folder.name)} · {s.get('strategy', '?')} · seed {s.get('seed', '?')}"
     keys = ["status", "cis_accuracy", "final_test_accuracy", "best_test_accuracy",
@@ -802,22 +829,35 @@ def build_report(
     *,
     seeds: Sequence[int] | None = None,
     window: tuple[float, float] | None = None,
+    damaged: list[str] | None = None,
 ) -> str:
     """The HTML of ``folder``'s report (a run, comparison, sweep or tour folder);
     ``window``: the device timelines' virtual-time window (default: from 0, see
-    :mod:`fedclock.report.timeline`)."""
+    :mod:`fedclock.report.timeline`); ``damaged`` gets one sentence per damaged run file
+    the page leaves out."""
     from fedclock import __version__
 
     kind = folder_kind(folder)
     figs = _Figures()
-    if kind == "run":
-        title, sections = _run_page(folder, figs, window)
-    elif kind == "compare":
-        title, sections = _compare_page(folder, figs, seeds, window)
-    elif kind == "sweep":
-        title, sections = _sweep_page(folder, figs, window)
-    else:
-        title, sections = _tour_page(folder)
+    seen: list[str] = []
+    token = _DAMAGED.set(seen)
+    try:
+        if kind == "run":
+            title, sections = _run_page(folder, figs, window)
+        elif kind == "compare":
+            title, sections = _compare_page(folder, figs, seeds, window)
+        elif kind == "sweep":
+            title, sections = _sweep_page(folder, figs, window)
+        else:
+            title, sections = _tour_page(folder)
+    finally:
+        _DAMAGED.reset(token)
+    if seen:  # first: what the page leaves out, and why
+        items = "".join(f"<li>{_esc(d)}</li>" for d in seen)
+        sections.insert(0, ("Damaged files", "<p>These files could not be read; the runs "
+                            f"they belong to are left out of the page.</p><ul>{items}</ul>"))  # fmt: skip
+        if damaged is not None:
+            damaged.extend(seen)
     nav = "".join(f'<a href="#s{i}">{_esc(t)}</a>' for i, (t, _) in enumerate(sections))
     body = "".join(
         f'<section id="s{i}"><h2>{_esc(t)}</h2>{h}</section>' for i, (t, h) in enumerate(sections)
@@ -845,10 +885,12 @@ def write_report(
     *,
     seeds: Sequence[int] | None = None,
     window: tuple[float, float] | None = None,
+    damaged: list[str] | None = None,
 ) -> Path:
-    """Write ``folder/report.html`` (never over a file fedclock did not make); its path."""
+    """Write ``folder/report.html`` (never over a file fedclock did not make); its path.
+    ``damaged``: as :func:`build_report`."""
     out = folder / REPORT_FILE
     check_writable([out])
-    text = build_report(folder, seeds=seeds, window=window)
+    text = build_report(folder, seeds=seeds, window=window, damaged=damaged)
     write_atomic(out, text)
     return out

@@ -40,6 +40,12 @@ def _finished(
         return None, "it was made by other fedclock source (the code changed since)"
     if summary.get("status") not in accept:
         return None, f"it ended {summary.get('status')}"
+    # summary.json is written last, so its files are whole; a checkpoint beside it was
+    # about to be removed when the process was killed (no run goes on from it)
+    if summary.get("status") in ("completed", "diverged"):
+        from fedclock.sim.checkpoint import CHECKPOINT_FILE
+
+        (run_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
     return summary, None
 
 

@@ -23,6 +23,7 @@ from fedclock.errors import ConfigError, short
 from fedclock.outputs import (
     check_run_folder,
     check_writable,
+    clean_temporaries,
     read_grid_json,
     write_grid_json,
 )
@@ -100,6 +101,8 @@ def check_grid_folder(out: Path, run_dirs: Sequence[Path]) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a folder for the comparison or sweep.")
     check_writable(out / name for name in GRID_OUTPUTS)
+    if out.is_dir():
+        clean_temporaries(out)  # (left by a process killed while writing)
     for run_dir in run_dirs:
         check_run_folder(run_dir)
 
