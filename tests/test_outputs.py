@@ -297,3 +297,62 @@ def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) != 0 and "Traceback" not in err, err
+
+
+def test_a_finished_cell_is_reused_only_while_its_files_match(tmp_path: Path) -> None:
+    """meta.json records each result file's size and SHA-256 when the run finishes (just
+    before summary.json); a cell whose clients.csv was edited, or whose metrics.csv was cut
+    short, is run again, and the command says why."""
+    cfg = _cfg(tmp_path)
+    out = tmp_path / "cmp"
+    argv = ["compare", cfg, "--strategies", "fedavg", "--seeds", "1", "--out", str(out)]
+    assert runner.invoke(app, argv).exit_code == 0
+    cell = out / "runs" / "fedavg" / "seed-1"
+    files = json.loads((cell / "meta.json").read_text())["files"]
+    assert set(files) == {"config.yaml", "metrics.csv", "clients.csv", "timeline.csv"}
+    want = (cell / "clients.csv").read_bytes()
+    res = runner.invoke(app, argv)  # untouched: reused
+    assert res.exit_code == 0 and "re-running" not in res.output
+    for name, damage in [("clients.csv", b"edited\n"), ("metrics.csv", None)]:
+        path = cell / name
+        path.write_bytes(path.read_bytes() + damage if damage else path.read_bytes()[:-20])
+        res = runner.invoke(app, argv)
+        assert res.exit_code == 0 and f"its {name} changed since it finished" in res.output
+        assert (cell / "clients.csv").read_bytes() == want  # run again: the same files
+
+
+def test_damaged_files_of_fedclocks_own_are_said_to_be_damaged(tmp_path: Path) -> None:
+    """A grid.json or a cell's meta.json cut short: one sentence naming the file, its line
+    and what to do (not "a file fedclock did not make"); nothing is written."""
+    cfg = _cfg(tmp_path)
+    out = tmp_path / "cmp"
+    argv = ["compare", cfg, "--strategies", "fedavg", "--seeds", "1", "--out", str(out), "-q"]
+    assert runner.invoke(app, argv).exit_code == 0
+    grid = out / "grid.json"
+    grid.write_bytes(grid.read_bytes()[:40])
+    before = _snapshot(tmp_path)
+    _refused(runner.invoke(app, argv), "grid.json is damaged", "line", "move it away")
+    grid.unlink()
+    for name in ("table.csv", "table.md", "accuracy.png", "report.html"):
+        (out / name).unlink(missing_ok=True)
+    meta = out / "runs" / "fedavg" / "seed-1" / "meta.json"
+    meta.write_bytes(meta.read_bytes()[:30])
+    before = _snapshot(tmp_path)
+    _refused(runner.invoke(app, argv), "meta.json is damaged", "line", "move it away")
+    assert _snapshot(tmp_path) == before
+
+
+def test_an_io_error_is_one_sentence_naming_the_file(tmp_path: Path, monkeypatch) -> None:
+    """EIO (a failing disk or network share): the file, the error and what to do."""
+    import errno
+
+    from fedclock import outputs
+
+    def fail(path: Path, stage: str) -> None:
+        if path.name == "summary.json" and stage == "temporary":
+            raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(outputs, "fault_hook", fail)
+    res = runner.invoke(app, ["run", _cfg(tmp_path), "--out", str(tmp_path / "r"), "-q"])
+    line = _refused(res, "summary.json", "input/output error", "check it", "--resume")
+    assert line.endswith(".")

@@ -144,6 +144,9 @@ def _user_errors() -> Iterator[None]:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # what was written stays
             msg += "; free some space (or raise the file-size limit) and run the command again"
             msg += " (`fedclock run --resume DIR` goes on with a run)"
+        elif exc.errno == errno.EIO:  # the device failed: what was written may not be
+            msg += "; the device reported a hardware or network error: check it, then run the "
+            msg += "command again (`fedclock run --resume DIR` goes on with a run)"
         msg += "."
         Console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None

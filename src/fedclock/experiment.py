@@ -533,6 +533,7 @@ def _run(
         recorder.write_clients(client_table(
             sim, parts.strategy, parts.population, parts.importance, parts.sizes, losses
         ))  # fmt: skip
+        recorder.seal()
         recorder.write_summary(summary)
         if summary["status"] != "interrupted":  # finished or diverged: nothing to resume
             (run_dir / CHECKPOINT_FILE).unlink(missing_ok=True)

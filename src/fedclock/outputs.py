@@ -83,6 +83,11 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+class DamagedFile(ConfigError):
+    """A file of fedclock's own that no longer reads (cut short, edited): said as such, not
+    as a file fedclock did not make."""
+
+
 def read_grid_json(folder: Path) -> dict[str, Any] | None:
     """``folder/grid.json`` if it is fedclock's (None: absent); ConfigError if it is not."""
     path = folder / GRID_FILE
@@ -90,11 +95,29 @@ def read_grid_json(folder: Path) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(path.read_bytes())
+    except json.JSONDecodeError as exc:
+        if path.is_file() and not path.is_symlink() and _first_line_is_json(path):
+            raise DamagedFile(
+                f"{path} is damaged (not JSON from line {exc.lineno}); fedclock keeps it: "
+                "move it away to record the folder's tables afresh."
+            ) from None
+        data = None
     except (OSError, ValueError):
         data = None
     if not (isinstance(data, dict) and isinstance(data.get("entries"), list)):
         raise _foreign(path)
     return data
+
+
+def _first_line_is_json(path: Path) -> bool:
+    """Whether ``path`` begins as fedclock's grid.json does (``{`` then ``"entries"``): a
+    file of ours cut short or edited, not someone else's."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(64)
+    except OSError:
+        return False
+    return head.lstrip().startswith(b"{") and b'"entries"' in head
 
 
 def write_grid_json(folder: Path, data: dict[str, Any]) -> None:
@@ -128,6 +151,8 @@ def made_by_fedclock(path: Path) -> bool:
             read_grid_json(path.parent)
             return True
         grid = read_grid_json(path.parent)
+    except DamagedFile:
+        raise
     except (OSError, ConfigError):
         return False
     if grid is None:
@@ -290,6 +315,17 @@ def check_run_folder(folder: Path) -> None:
     if folder.is_symlink() or not folder.is_dir():
         raise ConfigError(f"{folder} is a file; fedclock writes a run into a folder.")
     if not is_run_folder(folder):
+        meta = folder / "meta.json"
+        if meta.is_file() and not meta.is_symlink():
+            try:
+                json.loads(meta.read_bytes())
+            except json.JSONDecodeError as exc:
+                raise DamagedFile(
+                    f"{meta} is damaged (not JSON from line {exc.lineno}); fedclock keeps "
+                    "the run folder: move it away to run it again."
+                ) from None
+            except (OSError, ValueError):
+                pass
         raise ConfigError(
             f"Run folder {folder} holds files fedclock did not make; fedclock never writes "
             "over them, so move them away or give another --out."

@@ -146,6 +146,40 @@ _SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
 }  # fmt: skip
 
 
+#: the files of a finished run whose size and digest meta.json records (RunRecorder.seal)
+SEALED_FILES = ("config.yaml", "metrics.csv", "clients.csv", "timeline.csv")
+
+
+def _file_digest(path: Path) -> dict[str, Any]:
+    data = path.read_bytes()
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def verify_files(run_dir: Path) -> str | None:
+    """Why a finished run's files are not those it finished with (one clause naming the
+    file), or None when they are — or when its meta.json records none (runs made before)."""
+    try:
+        meta = json.loads((run_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return "its meta.json cannot be read"
+    files = meta.get("files") if isinstance(meta, dict) else None
+    if files is None:
+        return None
+    if not isinstance(files, dict):
+        return "its meta.json is damaged"
+    for name, want in files.items():
+        path = run_dir / name
+        if path.is_symlink() or not path.is_file():
+            return f"its {name} is missing"
+        try:
+            got = _file_digest(path)
+        except OSError:
+            return f"its {name} cannot be read"
+        if got != want:
+            return f"its {name} changed since it finished"
+    return None
+
+
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
     """``run_dir/summary.json`` (None if there is none); one sentence if it is damaged."""
     from fedclock.errors import DataError
@@ -252,6 +286,26 @@ class RunRecorder:
     def on_evaluation(self, sim: Any, row: dict[str, Any]) -> None:
         """As an observer: writes every evaluation row."""
         self.record(row)
+
+    def seal(self) -> None:
+        """meta.json records each result file's size and SHA-256 (``files``), just before
+        summary.json: a finished run is reused only while its files still match
+        (:func:`verify_files`)."""
+        path = self.run_dir / "meta.json"
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError):
+            meta = {}
+        if not isinstance(meta, dict):
+            meta = {}
+        if not self._fh.closed:
+            self._fh.flush()
+        meta["files"] = {
+            name: _file_digest(self.run_dir / name)
+            for name in SEALED_FILES
+            if (self.run_dir / name).is_file()
+        }
+        write_atomic(path, json.dumps(meta, indent=2) + "\n")
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         # whole or absent: a kill never leaves half a summary

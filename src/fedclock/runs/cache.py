@@ -22,7 +22,7 @@ def _finished(
     """(summary, None) if the run in ``run_dir`` can be reused for ``cfg``; (None, why not)
     if a run there cannot; (None, None) if there is no finished run."""
     from fedclock import __version__
-    from fedclock.metrics.recorder import source_digest
+    from fedclock.metrics.recorder import source_digest, verify_files
 
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -40,6 +40,9 @@ def _finished(
         return None, "it was made by other fedclock source (the code changed since)"
     if summary.get("status") not in accept:
         return None, f"it ended {summary.get('status')}"
+    changed = verify_files(run_dir)
+    if changed is not None:  # (edited, truncated or replaced after it finished)
+        return None, changed
     # summary.json is written last, so its files are whole; a checkpoint beside it was
     # about to be removed when the process was killed (no run goes on from it)
     if summary.get("status") in ("completed", "diverged"):
