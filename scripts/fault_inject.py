@@ -16,6 +16,7 @@ left.
 
     python scripts/fault_inject.py                      # every kind, docs/reliability.md
     python scripts/fault_inject.py --kinds run --positions 3   # a quick look
+    python scripts/fault_inject.py --fault enospc       # a full disk at each kind of write
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def hook(path, stage):
         with open(spec["log"], "a") as fh:
             fh.write(f"{count[0]}\\t{os.path.relpath(path, spec['root'])}\\t{stage}\\n")
     if count[0] == spec.get("kill_at"):
+        if spec.get("fault") == "enospc":  # the disk is full at this write
+            import errno
+            raise OSError(errno.ENOSPC, "No space left on device")
         os._exit(137)
 outputs.fault_hook = hook
 sys.argv = ["fedclock", *sys.argv[2:]]
@@ -88,16 +92,20 @@ def commands(kind: str, config: Path, out: Path) -> tuple[list[str], list[str]]:
 
 def launch(
     args: list[str], root: Path, *, log: Path | None = None, kill_at: int | None = None,
-    quiet: bool = False,
+    quiet: bool = False, fault: str = "kill", stderr: list[str] | None = None,
 ) -> int:  # fmt: skip
-    spec = {"root": str(root), "log": str(log) if log else None, "kill_at": kill_at}
+    spec = {"root": str(root), "log": str(log) if log else None, "kill_at": kill_at,
+            "fault": fault}  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-c", BOOT, json.dumps(spec), *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, check=False,
     )  # fmt: skip
+    text = proc.stderr.decode(errors="replace")
+    if stderr is not None:
+        stderr.append(text)
     if proc.returncode not in (0, 137) and not quiet:
-        sys.stderr.write(proc.stderr.decode(errors="replace"))
+        sys.stderr.write(text)
     return proc.returncode
 
 
@@ -161,17 +169,30 @@ def choose(writes: list[tuple[int, str, str]], count: int, rng: random.Random) -
     )
 
 
-def trial(kind: str, work: Path, config: Path, at: int, want: dict[str, Any]) -> str | None:
-    """Kill the command at write ``at``, continue it; None when the outputs match, else why."""
-    out = work / f"{kind}-{at}"
+def trial(
+    kind: str, work: Path, config: Path, at: int, want: dict[str, Any], fault: str = "kill",
+    writes: list[tuple[int, str, str]] | None = None,
+) -> str | None:  # fmt: skip
+    """Kill the command at write ``at`` (``fault="enospc"``: the disk is full at that write),
+    continue it; None when the outputs match, else why."""
+    out = work / f"{kind}-{fault}-{at}"
     cmd, cont = commands(kind, config, out)
-    rc = launch(cmd, out, kill_at=at)
-    if rc != 137:
+    err: list[str] = []
+    rc = launch(cmd, out, kill_at=at, fault=fault, quiet=fault != "kill", stderr=err)
+    if fault == "kill" and rc != 137:
         return f"the command ended with {rc} before write {at}"
+    if fault == "enospc":
+        name = Path(writes[at - 1][1]).name if writes else ""
+        lines = [x for x in err[0].splitlines() if x.strip()]
+        if name == "report.html" or name.endswith(".png"):  # after the results: a note (-q: none)
+            if rc != 0:
+                return f"a full disk at {name} ended with {rc}: {lines}"
+        elif rc != 2 or len(lines) != 1 or name not in lines[0] or "no space" not in lines[0]:
+            return f"a full disk at {name} is not one sentence naming it (status {rc}): {lines}"
     if kind == "run" and not (out / "config.yaml").is_file():
-        cont = cmd  # (killed before its config was written: `--resume` says to start again)
+        cont = cmd  # (stopped before its config was written: `--resume` says to start again)
         if launch(["run", "-q", "--resume", str(out)], out, quiet=True) == 0:
-            return "--resume of a run killed before its config did not refuse"
+            return "--resume of a run stopped before its config did not refuse"
     if launch(cont, out) != 0:
         return "the continuation failed"
     left = [str(p) for p in out.rglob(".*.tmp")]
@@ -190,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="run,compare,sweep")
     ap.add_argument("--positions", type=int, default=8, help="kill positions per kind")
     ap.add_argument("--seed", type=int, default=0, help="which positions are drawn")
+    ap.add_argument(
+        "--fault", choices=("kill", "enospc"), default="kill",
+        help="kill the process at the write, or make the disk full there (writes before a "
+        "rename or an append only)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     import yaml
 
@@ -202,10 +228,12 @@ def main(argv: list[str] | None = None) -> int:
         for kind in args.kinds.split(","):
             t0 = time.perf_counter()
             writes, want = positions(kind, work, config)
-            chosen = choose(writes, args.positions, rng)
+            # (a full disk fails a write before its rename, or an append)
+            pool = writes if args.fault == "kill" else [w for w in writes if w[2] != "renamed"]
+            chosen = choose(pool, args.positions, rng)
             for at in chosen:
                 _, path, stage = writes[at - 1]
-                why = trial(kind, work, config, at, want)
+                why = trial(kind, work, config, at, want, args.fault, writes)
                 total += 1
                 failed += why is not None
                 print(f"{'ok  ' if why is None else 'FAIL'} {kind:8} write {at:3}/{len(writes)} "

@@ -48,6 +48,16 @@ def test_a_run_killed_at_each_kind_of_write_is_resumed_to_the_uninterrupted_file
         assert faults.trial("run", tmp_path, config, at, want) is None, at
 
 
+def test_a_full_disk_at_a_write_is_one_sentence_and_the_run_goes_on(
+    tmp_path: Path, config: Path
+) -> None:
+    """ENOSPC at a metrics.csv row and at clients.csv's temporary copy: exit status 2, one
+    sentence naming the file; `run --resume` then ends with the uninterrupted files."""
+    writes, want = faults.positions("run", tmp_path, config)
+    for at in (_at(writes, "metrics.csv", "appended", 2), _at(writes, "clients.csv", "temporary")):
+        assert faults.trial("run", tmp_path, config, at, want, "enospc", writes) is None, at
+
+
 def test_choose_takes_every_kind_of_write_first() -> None:
     writes = [(1, "a", "temporary"), (2, "a", "renamed"), (3, "b", "appended"),
               (4, "b", "appended"), (5, "b", "appended")]  # fmt: skip
@@ -60,3 +70,10 @@ def test_kills_at_24_positions_across_run_compare_and_sweep() -> None:
     """The acceptance figure of docs/reliability.md: 8 positions per command (every kind of
     write first), each trial equal to the uninterrupted command."""
     assert faults.main(["--positions", "8"]) == 0
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_each_kind_of_write() -> None:
+    """ENOSPC at 6 writes per command (every kind first): one sentence naming the file (a
+    note for the report), and the continuation ends with the uninterrupted files."""
+    assert faults.main(["--positions", "6", "--fault", "enospc"]) == 0
