@@ -365,8 +365,6 @@ CLI_CASES: list[tuple[str, Setup]] = [
     ("report: empty folder", lambda t: ["report", _file(t, "d")]),
     ("report: foreign report.html", _tree({"d": None, "d/metrics.csv": METRICS, "d/report.html": b"<html>mine"}, "report", "{t}/d")),
     ("report: report.html a folder", _tree({"d": None, "d/metrics.csv": METRICS, "d/report.html": None}, "report", "{t}/d")),
-    ("report: summary.json garbage", _tree({"d": None, "d/metrics.csv": METRICS, "d/summary.json": b"\xff\xfe"}, "report", "{t}/d")),
-    ("report: metrics.csv binary", _tree({"d": None, "d/metrics.csv": bytes(range(256))}, "report", "{t}/d")),
     ("report: table.csv binary", _tree({"d": None, "d/table.csv": bytes(range(256))}, "report", "{t}/d")),
     ("report: tour.json garbage", _tree({"d": None, "d/tour.json": b"[1]"}, "report", "{t}/d")),
     ("tour: --out a file", lambda t: ["tour", "--out", _file(t, "f", b"x")]),

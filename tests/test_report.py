@@ -583,3 +583,28 @@ def test_every_view_takes_its_headline_metrics_from_the_one_list(tmp_path, monke
     assert lead({"test_accuracy", "federated_loss"}, curves=True, accuracy=True).curve == (
         "test_accuracy"
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "words"),
+    [
+        ("summary.json", b"\xff\xfe", "is damaged"),
+        ("metrics.csv", bytes(range(256)), "not a run's metrics table"),
+        ("metrics.csv", b"virtual_time,aggregation,test_accuracy\n0,0,0.1\n1,1,nan?\n", "line 3"),
+    ],
+)
+def test_a_run_folder_with_a_damaged_file_still_has_the_rest_of_its_report(
+    tmp_path: Path, name: str, content: bytes, words: str
+) -> None:
+    """`report` on one run whose summary or metrics is damaged: status 0, no traceback, at
+    most 6 lines, the page written with what can be read (its config) and a first section
+    naming the damaged file."""
+    run = tmp_path / "run"
+    _run(run, strategy="fedavg", seed=1, acc=[0.1, 0.5, 0.8])
+    (run / name).write_bytes(content)
+    res = runner.invoke(app, ["report", str(run)])
+    lines = [x for x in res.output.splitlines() if x.strip()]
+    assert res.exit_code == 0 and "Traceback" not in res.output and len(lines) <= 6, res.output
+    assert any("left out" in x and words in x for x in lines), lines
+    page = (run / REPORT_FILE).read_text().split("<script", 1)[0]
+    assert "Damaged files" in page and "Config" in page

@@ -530,9 +530,7 @@ def _config_block(text: str, summary: str = "Full config (config.yaml)") -> str:
 def _run_page(
     folder: Path, figs: _Figures, window: tuple[float, float] | None = None
 ) -> tuple[str, list[tuple[str, str]]]:
-    run = _Run(folder)
-    if run.damage:  # (the page would be that run's alone: nothing to show instead)
-        raise DataError(run.damage[0])
+    run = _Run(folder)  # (a damaged summary or metrics: the page shows the rest, and says so)
     s = run.summary
     title = f"{s.get('name', folder.name)} · {s.get('strategy', '?')} · seed {s.get('seed', '?')}"
     keys = ["status", "cis_accuracy", "final_test_accuracy", "best_test_accuracy",
@@ -854,8 +852,9 @@ def build_report(
         _DAMAGED.reset(token)
     if seen:  # first: what the page leaves out, and why
         items = "".join(f"<li>{_esc(d)}</li>" for d in seen)
-        sections.insert(0, ("Damaged files", "<p>These files could not be read; the runs "
-                            f"they belong to are left out of the page.</p><ul>{items}</ul>"))  # fmt: skip
+        sections.insert(0, ("Damaged files", "<p>These files could not be read: what "
+                            "they hold is left out of the page (a comparison's or sweep's "
+                            f"runs with such a file are left out of its tables and curves).</p><ul>{items}</ul>"))  # fmt: skip
         if damaged is not None:
             damaged.extend(seen)
     nav = "".join(f'<a href="#s{i}">{_esc(t)}</a>' for i, (t, _) in enumerate(sections))
