@@ -143,6 +143,12 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
     # a client rule's per-client state (SCAFFOLD's c_i and c, FedDyn's ∇L_i and h)
     "scaffold": {"strategy.name": "scaffold", "strategy.client_fraction": 0.5},
     "feddyn": {"strategy.name": "feddyn", "strategy.client_fraction": 0.5, "strategy.feddyn_alpha": 0.1},
+    # devices going offline (a trace's availability): lost tasks and wake-up timers
+    "availability-fedavg": {"population.scenario": "trace", "population.trace": str(
+        Path(__file__).parent / "data" / "trace-availability"), "budget.aggregations": 6},
+    "availability-fedbuff": {"population.scenario": "trace", "population.trace": str(
+        Path(__file__).parent / "data" / "trace-availability"), "strategy.name": "fedbuff",
+        "strategy.buffer_size": 2, "budget.aggregations": 8},
     "fedfix-estimated": {
         "strategy.name": "fedfix", "strategy.delta_t": 0.3, "strategy.tau_source": "estimated",
         "budget.aggregations": 10,
@@ -209,6 +215,7 @@ _STATIC = {
     "EarlyExitNet", "ExitInfo", "ExitLoss", "MultiExitLoss", "Tree", "RunRecorder", "Progress",
     "Checkpointer", "Split",
     "Neurons",  # (a work shape: Layout keeps recent transient ones' keys)
+    "Availability",  # (a trace's online intervals: data, read from the trace)
     "Linear", "Proximal", "WeightDecay",  # (gradient terms: values of the local objective)
 }  # fmt: skip
 

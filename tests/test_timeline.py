@@ -167,7 +167,7 @@ def _synthetic(tmp_path: Path, clients: int, tasks_per_client: int) -> Path:
         for c in range(clients):
             t0 = 2.0 * k
             out = k % len(OUTCOMES)
-            end = t0 + 1.5 if OUTCOMES[out] in ("discarded", "unfinished") else t0 + 1.9
+            end = t0 + 1.5 if OUTCOMES[out] in ("discarded", "unfinished", "offline") else t0 + 1.9
             rows.append([c, t0, 0.2, 1.5, 0.2, end, out, k, k % 2 if out < 2 else np.nan,
                          end if out < 2 else np.nan, 0, 3])  # fmt: skip
     rec.rows, rec.labels = rows, ["full-model"]
@@ -177,9 +177,9 @@ def _synthetic(tmp_path: Path, clients: int, tasks_per_client: int) -> Path:
 
 
 def test_the_figure_draws_every_task_split_into_its_phases(tmp_path: Path) -> None:
-    tl = read_timeline(_synthetic(tmp_path, clients=4, tasks_per_client=6))
+    tl = read_timeline(_synthetic(tmp_path, clients=4, tasks_per_client=7))
     data, layout, _, clients, window, drawn = draw.figure(tl)
-    assert clients == [0, 1, 2, 3] and drawn == 24 and window == (0.0, 12.0)
+    assert clients == [0, 1, 2, 3] and drawn == 28 and window == (0.0, 14.0)
     bars = [d for d in data if d["type"] == "bar"]
     assert {d["legendgroup"] for d in bars} == set(OUTCOMES)
     # per task, its segments tile [dispatch, end]: download, compute, upload (cut ones shorter)
@@ -189,7 +189,7 @@ def test_the_figure_draws_every_task_split_into_its_phases(tmp_path: Path) -> No
     assert sorted(d["x"][0] for d in cut) == pytest.approx([0.2, 1.3])  # no upload
     assert layout["yaxis"]["categoryarray"] == [f"client {c}" for c in range(4)]
     (lines,) = [d for d in data if d["type"] == "scatter"]
-    assert len([x for x in lines["x"] if x is not None]) == 2 * 6
+    assert len([x for x in lines["x"] if x is not None]) == 2 * 7  # (a line per server step)
 
 
 def test_the_figure_shows_at_most_50_clients_and_a_window(tmp_path: Path) -> None:

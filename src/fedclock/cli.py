@@ -1234,6 +1234,14 @@ def report(
             "(default: from 0, as many tasks as the page draws).",
         ),
     ] = None,
+    chrome_trace: Annotated[
+        bool,
+        typer.Option(
+            "--chrome-trace",
+            help="Also write each run's device timeline as timeline.json in Chrome's Trace "
+            "Event Format (open it in Perfetto: ui.perfetto.dev).",
+        ),
+    ] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Write report.html into each folder from what is there (nothing is re-run): one
@@ -1256,6 +1264,25 @@ def report(
             for d in damaged:  # (left out of the page, which says so)
                 console.print(f"[yellow]note:[/] left out: {d}", highlight=False, soft_wrap=True)
             console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+            if chrome_trace:
+                _write_chrome_traces(console, folder)
+
+
+def _write_chrome_traces(console: Console, folder: Path) -> None:
+    """timeline.json (Trace Event Format) beside each run's timeline.csv under ``folder``."""
+    from fedclock.errors import DataError
+    from fedclock.metrics.timeline import TIMELINE_FILE, write_chrome_trace
+
+    found = sorted(p.parent for p in folder.rglob(TIMELINE_FILE))
+    if not found:
+        raise DataError(f"{folder} holds no {TIMELINE_FILE} to export as a Chrome trace.")
+    for run_dir in found:
+        try:
+            path = write_chrome_trace(run_dir)
+        except ValueError as exc:  # a damaged timeline.csv: its sentence
+            console.print(f"[yellow]note:[/] {exc}", highlight=False, soft_wrap=True)
+            continue
+        console.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
 def _window(text: str) -> tuple[float, float]:
@@ -1306,6 +1333,114 @@ def strategies() -> None:
         fields = sorted(p for p in options.paths() if p != "strategy.name")
         t.add_row(name, options.summary, ", ".join(fields))
     Console().print(t)
+
+
+trace_app = typer.Typer(
+    help="Device traces: import FedScale's or FLASH's into fedclock's format, export a run's "
+    "population (docs/traces.md).",
+    no_args_is_help=True,
+)
+trace_import = typer.Typer(help="Convert another tool's trace into a fedclock trace folder.",
+                           no_args_is_help=True)  # fmt: skip
+trace_app.add_typer(trace_import, name="import")
+app.add_typer(trace_app, name="trace")
+TraceOut = Annotated[
+    Path,
+    typer.Option("--out", "-o", help="The trace folder to write (devices.csv, availability.csv)."),
+]
+
+
+def _write_trace(out: Path, trace: Any) -> None:
+    from fedclock.devices.trace import AVAILABILITY_FILE, DEVICES_FILE, write_trace
+    from fedclock.errors import ConfigError
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder for the trace.")
+    for name in (DEVICES_FILE, AVAILABILITY_FILE):
+        path = out / name
+        if path.exists() or path.is_symlink():
+            first = path.read_bytes()[:40] if path.is_file() and not path.is_symlink() else b""
+            if not first.startswith(b"# fedclock-trace"):
+                raise ConfigError(
+                    f"{path} is a file fedclock did not make; fedclock never writes over it, "
+                    "so move it away or give another --out."
+                )
+    write_trace(out, trace)
+    n_avail = (
+        "" if trace.availability is None else f", {len(trace.availability.start)} online intervals"
+    )
+    Console().print(f"wrote {out}: {len(trace)} devices{n_avail}", highlight=False, soft_wrap=True)
+
+
+@trace_import.command("fedscale")
+def trace_import_fedscale(
+    capacity: Annotated[Path, typer.Argument(help="FedScale's client_device_capacity pickle.")],
+    behave: Annotated[
+        Path | None, typer.Argument(help="FedScale's client_behave_trace pickle (availability).")
+    ] = None,
+    out: TraceOut = Path("trace"),
+    reference_flops: Annotated[
+        float,
+        typer.Option(
+            help="FLOPs per sample of the model FedScale's latencies were measured "
+            "on (MobileNet-V2 inference: 6e8)"
+        ),
+    ] = 6.0e8,
+) -> None:
+    """FedScale's device capacity (and behaviour) pickles as a fedclock trace; the pickles are
+    read with an unpickler that builds only dicts, lists, strings and numbers."""
+    from fedclock.devices.trace import from_fedscale
+    from fedclock.errors import ConfigError
+
+    with _user_errors():
+        if not (math.isfinite(reference_flops) and reference_flops > 0):
+            raise ConfigError(
+                f"--reference-flops must be a positive number, got {reference_flops}."
+            )
+        _write_trace(out, from_fedscale(capacity, behave, reference_flops))
+
+
+@trace_import.command("flash")
+def trace_import_flash(
+    states: Annotated[Path, typer.Argument(help="FLASH's user-behaviour JSON (state traces).")],
+    out: TraceOut = Path("trace"),
+) -> None:
+    """FLASH's state traces as a fedclock trace's availability (ready = screen locked, Wi-Fi
+    and charging)."""
+    from fedclock.devices.trace import from_flash
+
+    with _user_errors():
+        _write_trace(out, from_flash(states))
+
+
+@trace_app.command("export")
+def trace_export(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (its config.yaml).")],
+    out: TraceOut = Path("trace"),
+) -> None:
+    """A run's population (one device per client, as its config builds it) as a trace."""
+    import numpy as np
+
+    from fedclock.config import load_config, read_yaml
+    from fedclock.devices.population import build_population
+    from fedclock.devices.trace import Trace
+    from fedclock.errors import DataError
+
+    with _user_errors():
+        if not (run_dir / "config.yaml").is_file():
+            raise DataError(f"{run_dir} is not a run folder (it has no config.yaml).")
+        cfg = load_config(raw=read_yaml(run_dir / "config.yaml"))
+        pop = build_population(cfg.population, cfg.partition.num_clients, cfg.seed)
+        n = len(pop)
+        ids = pop.device_ids or [f"client-{i}" for i in range(n)]
+        trace = Trace(
+            [f"client-{i}" for i in range(n)], np.array(pop.speed), np.array(pop.up_bandwidth),
+            np.array(pop.down_bandwidth), [""] * n, [f"{run_dir.name}:{d}" for d in ids],
+            pop.availability,
+            [f"source: the population of run {run_dir} (scenario {cfg.population.scenario}, "
+             f"seed {cfg.seed}), one device per client"],
+        )  # fmt: skip
+        _write_trace(out, trace)
 
 
 def _tolerant_streams() -> None:

@@ -227,7 +227,18 @@ class FaultConfig(_Section):
 
 
 class PopulationConfig(_Section):
-    scenario: Literal["homogeneous", "fx", "classes", "capability"] = "homogeneous"
+    scenario: Literal["homogeneous", "fx", "classes", "capability", "trace"] = "homogeneous"
+    trace: str | None = Field(
+        None,
+        description="scenario trace: a folder holding a fedclock trace (devices.csv and "
+        "optionally availability.csv, docs/traces.md)",
+    )
+    assign: Literal["permutation", "round_robin"] = Field(
+        "permutation",
+        description="scenario trace: which device each client gets — permutation (a seeded "
+        "shuffle of the devices, client i the i-th, wrapping) or round_robin (client i device "
+        "i mod D, FedScale's rule)",
+    )
     speed: float = Field(
         1.0e8, gt=0, description="FLOP/s (the slowest device under fx; capability 1's FLOP/s)"
     )
@@ -257,6 +268,11 @@ class PopulationConfig(_Section):
 
     @model_validator(mode="after")
     def _classes_given(self) -> PopulationConfig:
+        if (self.scenario == "trace") != (self.trace is not None):
+            raise ValueError(
+                "population.trace (a trace folder) goes with scenario: trace, and scenario "
+                "trace needs population.trace"
+            )
         if self.scenario == "classes" and not self.classes:
             raise ValueError("scenario 'classes' needs a non-empty population.classes list")
         total = math.fsum(c.fraction for c in self.classes)

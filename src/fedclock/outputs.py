@@ -29,7 +29,7 @@ GRID_FILE = "grid.json"
 RUN_FILES = frozenset(
     {
         "config.yaml", "meta.json", "metrics.csv", "summary.json", "clients.csv",
-        "checkpoint.pt", "report.html", "timeline.csv",
+        "checkpoint.pt", "report.html", "timeline.csv", "timeline.json",
     }
 )  # fmt: skip
 _PNG = b"\x89PNG\r\n\x1a\n"

@@ -19,6 +19,9 @@ Scenarios
   own speed/bandwidths; clients are assigned to classes by a seeded shuffle
   (largest-remainder counts); a class without its own bandwidths uses the
   population's.
+- ``trace``: the devices of a fedclock trace folder (``population.trace``,
+  :mod:`fedclock.devices.trace`), assigned to clients by a seeded permutation or
+  round-robin (``population.assign``), with their availability.
 - ``capability`` (Fed-RAA §6.3): two classes, a share β of "extremely low"
   devices of capability ``capabilities[0]`` and the rest "low" of capability
   ``capabilities[1]``, a capability c running at c·``speed`` FLOP/s; assigned as
@@ -35,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from fedclock.devices.cost import TaskCost, TaskTiming, task_timing
+from fedclock.devices.trace import Availability, read_trace
 from fedclock.rng import _M64, counter_key, splitmix64_at, stream
 
 _TWO_PI = 2.0 * math.pi
@@ -59,6 +63,10 @@ class Population:
     # FLOP/s of the server that trains a split task's upper layers (SplitFed's main
     # server; it serves each client at this speed, in parallel); inf: its compute is free
     server_speed: float = math.inf
+    # a trace's fleet (scenario trace): each client's device id, and when each is online
+    # (None: always)
+    device_ids: list[str] | None = field(default=None, compare=False)
+    availability: Availability | None = field(default=None, compare=False, repr=False)
     _key: int = field(init=False, repr=False, compare=False)
     _speed: memoryview = field(init=False, repr=False, compare=False)
     _up_bandwidth: memoryview = field(init=False, repr=False, compare=False)
@@ -242,6 +250,8 @@ def _build_devices(cfg, n: int, seed: int, common: dict[str, Any]) -> Population
             down_bandwidth=_bw(cfg.down_bandwidth) / tau,
             **common,
         )
+    if cfg.scenario == "trace":
+        return _trace_devices(cfg, n, seed, common)
     if cfg.scenario == "capability":  # Fed-RAA's β: two classes of the population's links
         low, high = (float(c) * float(cfg.speed) for c in cfg.capabilities)
         beta = float(cfg.beta)
@@ -260,3 +270,32 @@ def _build_devices(cfg, n: int, seed: int, common: dict[str, Any]) -> Population
     up = np.array([_bw(u or cfg.up_bandwidth) for u in ups])[which]
     down = np.array([_bw(d or cfg.down_bandwidth) for d in downs])[which]
     return Population(speed=speed, up_bandwidth=up, down_bandwidth=down, **common)
+
+
+def trace_assignment(devices: int, n: int, seed: int, rule: str) -> np.ndarray:
+    """Which trace device each of ``n`` clients gets: ``round_robin`` client i → device
+    i mod D (FedScale's rule); ``permutation`` the i-th of a seeded shuffle of the devices
+    (stream ``trace-devices``), wrapping when there are more clients than devices."""
+    i = np.arange(n)
+    if rule == "round_robin":
+        return i % devices
+    return stream(seed, "trace-devices").permutation(devices)[i % devices]
+
+
+def _trace_devices(cfg, n: int, seed: int, common: dict[str, Any]) -> Population:
+    """``scenario: trace``: each client's device from the trace (:func:`trace_assignment`);
+    a device without FLOP/s runs at ``speed``, one without a bandwidth transfers free."""
+    from pathlib import Path
+
+    trace = read_trace(Path(cfg.trace))
+    which = trace_assignment(len(trace), n, seed, cfg.assign)
+    flops = trace.flops_per_s[which]
+    speed = np.where(np.isnan(flops), float(cfg.speed), flops)
+    return Population(
+        speed=speed,
+        up_bandwidth=trace.up_bytes_per_s[which],
+        down_bandwidth=trace.down_bytes_per_s[which],
+        device_ids=[trace.device_id[int(d)] for d in which],
+        availability=None if trace.availability is None else trace.availability.take(which),
+        **common,
+    )

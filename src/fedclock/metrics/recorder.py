@@ -418,6 +418,8 @@ def summarize(
         "updates_used": int(counters.updates_used),
         "updates_discarded": int(counters.updates_discarded),
         "updates_rejected": int(counters.updates_rejected),
+        # lost when a device went offline (only with a trace's availability)
+        **({"updates_lost": int(counters.updates_lost)} if counters.updates_lost else {}),
         "mean_staleness": sum(k * v for k, v in stale.items()) / n_stale if n_stale else math.nan,
         "max_staleness": max(stale) if stale else math.nan,
         "staleness_histogram": {str(k): v for k, v in stale.items()},

@@ -14,7 +14,9 @@ Outcomes (:data:`OUTCOMES`), each counted like summary.json counts it:
 - ``discarded``: cancelled before it arrived — cut at the deadline (``updates_discarded``);
 - ``rejected``: arrived and refused by the update guard (``updates_rejected``);
 - ``unaggregated``: arrived, never aggregated before the run ended (e.g. in FedBuff's buffer);
-- ``unfinished``: still in flight when the run ended (its bar stops at the end).
+- ``unfinished``: still in flight when the run ended (its bar stops at the end);
+- ``offline``: lost when its device went offline (a trace's availability; ``updates_lost``),
+  its bar ending then.
 
 ``used + stale + rejected + unaggregated`` is ``updates_received``.
 
@@ -44,7 +46,7 @@ TIMELINE_FILE = "timeline.csv"
 #: tasks and server steps kept (the first ones): about 1 MB of CSV at most
 MAX_TASKS = 10_000
 MAX_AGGREGATIONS = 10_000
-OUTCOMES = ("used", "stale", "discarded", "rejected", "unaggregated", "unfinished")
+OUTCOMES = ("used", "stale", "discarded", "rejected", "unaggregated", "unfinished", "offline")
 MAGIC = "# fedclock device timeline "
 COLUMNS = (
     "event", "task_id", "client", "t_start", "download_s", "compute_s", "upload_s", "t_end",
@@ -57,7 +59,7 @@ _CLIENT, _START, _DOWN, _COMPUTE, _UP, _END, _OUTCOME, _BASE, _STALE, _SERVER, _
 )
 _WIDTH = 12
 # outcome codes: the final ones index OUTCOMES; two more while the task is open
-_O_USED, _O_STALE, _O_DISCARDED, _O_REJECTED, _O_UNAGGREGATED, _O_UNFINISHED = range(6)
+_O_USED, _O_STALE, _O_DISCARDED, _O_REJECTED, _O_UNAGGREGATED, _O_UNFINISHED, _O_OFFLINE = range(7)
 _O_IN_FLIGHT, _O_ARRIVED = _O_UNFINISHED, _O_UNAGGREGATED  # (what they are if the run ends so)
 
 
@@ -101,6 +103,12 @@ class TimelineRecorder:
         if task.task_id < len(self.rows):
             row = self.rows[task.task_id]
             row[_OUTCOME], row[_END] = _O_DISCARDED, sim.now
+            self._open -= 1
+
+    def on_lost(self, sim: Any, task: Task) -> None:
+        if task.task_id < len(self.rows):
+            row = self.rows[task.task_id]
+            row[_OUTCOME], row[_END] = _O_OFFLINE, sim.now
             self._open -= 1
 
     def on_reject(self, sim: Any, contribution: Contribution) -> None:
@@ -307,3 +315,66 @@ def _number(
     if not math.isfinite(value):
         raise ValueError(f"{path}, line {line}: {column} is not a finite number ({text!r}).")
     return value
+
+
+# ----------------------------------------------------------------------------- Perfetto
+CHROME_TRACE_FILE = "timeline.json"
+_PHASES = ("download", "compute", "upload")
+
+
+def chrome_trace(tl: Timeline) -> dict[str, Any]:
+    """The timeline in Chrome's Trace Event Format (opens in Perfetto and chrome://tracing):
+    process 1 "devices" with one thread per client, each task's download, compute and upload
+    as complete ``X`` events (ts and dur in µs of virtual time; a task cut short, lost
+    offline or unfinished ends at its end time), its outcome, staleness, base version and
+    work as args; process 0 "server" with each server step as an instant ``i`` event."""
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "pid": 0, "tid": 0, "name": "process_name", "args": {"name": "server"}},
+        {"ph": "M", "pid": 1, "tid": 0, "name": "process_name", "args": {"name": "devices"}},
+    ]
+    t = tl.tasks
+    for client in sorted(set(int(c) for c in t["client"])):
+        events.append({"ph": "M", "pid": 1, "tid": client, "name": "thread_name",
+                       "args": {"name": f"client {client}"}})  # fmt: skip
+    for i in range(len(tl)):
+        start, end = float(t["t_start"][i]), float(t["t_end"][i])
+        stale = float(t["staleness"][i])
+        args = {
+            "task_id": int(t["task_id"][i]), "outcome": t["outcome"][i],
+            "base_version": int(t["base_version"][i]),
+            "staleness": None if math.isnan(stale) else int(stale), "work": t["work"][i],
+        }  # fmt: skip
+        at = start
+        for phase in _PHASES:
+            dur = float(t[f"{phase}_s"][i])
+            stop = min(at + dur, end)
+            if stop > at or (dur == 0 and phase == "compute" and at <= end):
+                events.append({
+                    "ph": "X", "pid": 1, "tid": int(t["client"][i]), "name": phase,
+                    "cat": t["outcome"][i], "ts": at * 1e6, "dur": max(0.0, stop - at) * 1e6,
+                    "args": args,
+                })  # fmt: skip
+            at += dur
+            if at >= end:
+                break
+    for when, version in zip(tl.agg_t.tolist(), tl.agg_v.tolist(), strict=True):
+        events.append({"ph": "i", "pid": 0, "tid": 0, "s": "p", "name": f"server step → v{int(version)}",
+                       "ts": float(when) * 1e6})  # fmt: skip
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"source": "fedclock timeline.csv", **{k: v for k, v in tl.meta.items()
+                                                               if isinstance(v, int | float | str)}}}  # fmt: skip
+
+
+def write_chrome_trace(run_dir: Path) -> Path:
+    """``run_dir/timeline.json`` from its timeline.csv (:func:`chrome_trace`)."""
+    tl = read_timeline(run_dir / TIMELINE_FILE)
+    out = run_dir / CHROME_TRACE_FILE
+    if out.exists() and not (out.is_file() and out.read_bytes()[:16] == b'{"traceEvents":['):
+        from fedclock.errors import ConfigError
+
+        raise ConfigError(
+            f"{out} is a file fedclock did not make; fedclock never writes over it, so move "
+            "it away."
+        )
+    write_atomic(out, json.dumps(chrome_trace(tl), separators=(",", ":"), allow_nan=False))
+    return out

@@ -25,7 +25,7 @@ ROW_PX = 18
 
 OUTCOME_COLOURS = {
     "used": "#2ca02c", "stale": "#ff7f0e", "discarded": "#d62728", "rejected": "#9467bd",
-    "unaggregated": "#8c564b", "unfinished": "#7f7f7f",
+    "unaggregated": "#8c564b", "unfinished": "#7f7f7f", "offline": "#17becf",
 }  # fmt: skip
 OUTCOME_WORDS = {
     "used": "used (aggregated, staleness 0)",
@@ -34,6 +34,7 @@ OUTCOME_WORDS = {
     "rejected": "rejected by the update guard",
     "unaggregated": "arrived, never aggregated",
     "unfinished": "in flight when the run ended",
+    "offline": "lost when its device went offline",
 }
 # (phase, opacity): the phases of one task share its outcome's colour
 PHASES = (("download", 0.35), ("compute", 1.0), ("upload", 0.6))
@@ -157,6 +158,8 @@ def _end_words(outcome: str) -> str:
         return "cut at"
     if outcome == "unfinished":
         return "run ended at"
+    if outcome == "offline":
+        return "device went offline at"
     return "arrived"
 
 

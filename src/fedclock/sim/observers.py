@@ -38,7 +38,7 @@ from fedclock.sim.types import ModelVersion
 Simulator = Any
 
 HOOKS = (
-    "on_start", "on_dispatch", "on_arrival", "on_cancel", "on_reject", "on_commit",
+    "on_start", "on_dispatch", "on_arrival", "on_cancel", "on_lost", "on_reject", "on_commit",
     "on_aggregation", "on_evaluation", "on_event", "on_end",
 )  # fmt: skip
 

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from fedclock.devices.cost import TaskCost
     from fedclock.devices.population import Population
 
-_ARRIVAL, _TIMER, _EVAL = 0, 1, 2
+_ARRIVAL, _TIMER, _EVAL, _LOST = 0, 1, 2, 3
 # rejected updates in a row after which the guard declares the run diverged: at least this
 # many, and this many per client (every client had several chances)
 REJECTED_STREAK, REJECTED_PER_CLIENT = 1000, 10
@@ -116,6 +116,7 @@ class Counters:
     updates_used: int = 0
     updates_discarded: int = 0
     updates_rejected: int = 0  # arrived, refused by the update guard (never aggregated)
+    updates_lost: int = 0  # lost when their device went offline (population availability)
     bytes_up: float = 0.0
     bytes_down: float = 0.0
     compute_s_spent: float = 0.0
@@ -196,6 +197,23 @@ class Context:
         """``dispatch(prepare(client))`` on the current model, in one step (the hot path)."""
         return self._sim.start(client)
 
+    def online(self, client: int) -> bool:
+        """Whether ``client``'s device is online now (always without a trace's availability)."""
+        return self._sim.online(client)
+
+    def next_online(self, client: int) -> float:
+        """When ``client``'s device is next online: now if it is, inf if never again."""
+        return self._sim.next_online(client)
+
+    def online_clients(self) -> np.ndarray:
+        """The clients whose device is online now (all, without availability)."""
+        return self._sim.online_clients()
+
+    @property
+    def has_availability(self) -> bool:
+        """Whether devices come and go (a trace's availability)."""
+        return self._sim._avail is not None
+
     def set_timer(self, at: float, tag: Any = None) -> None:
         self._sim.push(max(at, self._sim.now), _TIMER, tag)
 
@@ -269,6 +287,20 @@ class Simulator:
         self._wall0 = time.perf_counter()
         self.history: list[dict[str, Any]] = []
         self._resumed = False  # restore_state() was called: the loop skips the start
+        # when each device is online (a trace's availability; None: always): a task whose
+        # device goes offline before it ends is lost then (_LOST), known at dispatch
+        self._avail = getattr(population, "availability", None)
+        if self._avail is not None:
+            if getattr(strategy, "on_lost", None) is None:
+                from fedclock.errors import ConfigError
+
+                raise ConfigError(
+                    f"Strategy '{getattr(strategy, 'name', '?')}' does not handle devices that "
+                    "go offline yet: run it on a trace without availability.csv (docs/traces.md "
+                    "lists the strategies that do)."
+                )
+            self.start = self._start_available  # type: ignore[method-assign]
+            self.ctx.start = self.start  # type: ignore[method-assign]
 
     # ------------------------------------------------------------ events
     def push(self, t: float, kind: int, payload: Any) -> None:
@@ -311,12 +343,17 @@ class Simulator:
         self._next_task_id += 1
         self._task_count[task.client] += 1
         self._count_base(task.client, task.base.version)
-        task.execute = execute
         self.counters.bytes_down += task.cost.bytes_down
         self._in_flight[task.task_id] = task
+        kind, at = _ARRIVAL, task.t_finish
+        if self._avail is not None:  # its device goes offline before it ends: lost then
+            off = self._avail.next_offline(task.client, task.t_start)
+            if off < at:
+                kind, at, execute = _LOST, off, False
+        task.execute = execute
         if execute:
             self._pending[task.task_id] = task
-        self.push(task.t_finish, _ARRIVAL, task)
+        self.push(at, kind, task)
         if self._on_dispatch is not None:
             self._on_dispatch(task)
         for f in self._hooks["on_dispatch"]:
@@ -352,6 +389,38 @@ class Simulator:
         for f in self._hooks["on_dispatch"]:
             f(self, task)
         return task
+
+    def _start_available(self, client: int) -> Task:
+        """:meth:`start` with availability: prepare + dispatch, which looks up when the
+        client's device goes offline."""
+        return self.dispatch(self.prepare(client, self.model), execute=True)
+
+    def online(self, client: int) -> bool:
+        """Whether ``client``'s device is online now (always, without availability)."""
+        return self._avail is None or bool(self._avail.online(client, self.now))
+
+    def online_clients(self) -> np.ndarray:
+        """The clients whose device is online now, in index order."""
+        n = len(self.population)
+        if self._avail is None:
+            return np.arange(n)
+        return np.flatnonzero(self._avail.online_all(self.now))
+
+    def next_online(self, client: int) -> float:
+        """When ``client``'s device is next online (now if it is; inf: never again)."""
+        return self.now if self._avail is None else self._avail.next_online(client, self.now)
+
+    def _lose(self, task: Task) -> None:
+        """``task``'s device went offline now: its work is lost (spent and wasted)."""
+        del self._in_flight[task.task_id]
+        done = task.timing.compute_done_by(self.now - task.t_start)
+        ctr = self.counters
+        ctr.compute_s_spent += done
+        ctr.compute_s_wasted += done
+        ctr.updates_lost += 1
+        for f in self._hooks["on_lost"]:
+            f(self, task)
+        self.strategy.on_lost(self.ctx, task)  # type: ignore[attr-defined]
 
     def cancel(self, task: Task) -> None:
         if task.cancelled or task.task_id not in self._in_flight:
@@ -629,6 +698,9 @@ class Simulator:
                 on_arrival(ctx, contribution)
             elif kind == _TIMER:
                 on_timer(ctx, payload)
+            elif kind == _LOST:
+                if not payload.cancelled:
+                    self._lose(payload)
             else:  # an evaluation tick; it re-arms itself (payload: its period)
                 self.evaluate(t)
                 push(heap, (t + payload, next(self._seq), _EVAL, payload))

@@ -248,13 +248,40 @@ class _AllClients:
         self._rng: np.random.Generator | None = None
 
     def _start(self, ctx: Context, client: int) -> None:
+        if ctx.has_availability and not ctx.online(client):  # it starts when it comes back
+            self._wait_online(ctx, client)
+            return
         ctx.start(client)
         if self._estimating:
             self.times.started(client, ctx.now)
 
+    def _wait_online(self, ctx: Context, client: int) -> None:
+        back = ctx.next_online(client)
+        if np.isfinite(back):
+            ctx.set_timer(back, ("online", client))
+
+    def on_lost(self, ctx: Context, task: Task) -> None:
+        """The client's device went offline mid-task: its work is lost, and it starts a new
+        task (on the model of then) when its device is online again."""
+        self._wait_online(ctx, task.client)
+
+    def _online_timer(self, ctx: Context, tag: Any) -> bool:
+        """Handle an ("online", client) timer; whether ``tag`` was one."""
+        if isinstance(tag, tuple) and tag[0] == "online":
+            if not ctx.stopping:
+                self._start(ctx, int(tag[1]))
+            return True
+        return False
+
     def _start_all(self, ctx: Context) -> None:
         self.times.setup(ctx)
         n = ctx.num_clients
+        if ctx.has_availability and self.concurrency is not None and self.concurrency < n:
+            raise ConfigError(
+                "A concurrency below the population (strategy.concurrency) does not handle "
+                "devices that go offline yet: leave it unset (every client works) on a trace "
+                "with availability.csv."
+            )
         if self.concurrency is None or self.concurrency >= n:
             self.concurrency = None
             for c in range(n):
@@ -281,7 +308,11 @@ class _AllClients:
         return client
 
     def _restart(self, ctx: Context, client: int) -> None:
-        """``client``'s update has been used: it (or, with a concurrency, a random idle client) starts."""
+        """``client``'s update has been used: it (or, with a concurrency, a random idle client)
+        starts (with availability: when its device is online)."""
+        if ctx.has_availability:
+            self._start(ctx, client)
+            return
         if self.concurrency is not None:
             # ``client`` joins the idle ones and one of them, uniformly, takes its slot
             # (once per arrival under a concurrency: the draw is inlined)
@@ -344,7 +375,7 @@ class ArrivalBuffer(_AllClients):
         self._restart(ctx, contribution.task.client)
 
     def on_timer(self, ctx: Context, tag: Any) -> None:
-        return None
+        self._online_timer(ctx, tag)
 
 
 class FixedPeriod(_AllClients):
@@ -379,6 +410,8 @@ class FixedPeriod(_AllClients):
         self._waiting.append(contribution)  # idle until the next tick
 
     def on_timer(self, ctx: Context, tag: Any) -> None:
+        if self._online_timer(ctx, tag):
+            return
         if self._waiting:
             arrived, self._waiting = self._waiting, []
             self._commit_and_restart(ctx, arrived)

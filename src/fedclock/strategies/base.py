@@ -123,6 +123,11 @@ class Strategy:
         for name, part in (("plan", self.planner), ("on_arrival", self.trigger)):
             if getattr(type(self), name) is getattr(Strategy, name):
                 setattr(self, name, getattr(part, name))
+        # a task lost when its device went offline (population availability): the trigger's
+        # to handle (a trigger without on_lost cannot run on a fleet with availability)
+        lost = getattr(self.trigger, "on_lost", None)
+        if lost is not None:
+            self.on_lost: Callable[[Context, Task], None] = lost
         # the state hooks of the planner and the client rule (None: no part keeps state the
         # simulator must tell it of); the rule's terms are part of what the executor needs
         dispatch = [f for f in (getattr(self.planner, "on_dispatch", None),) if f is not None]

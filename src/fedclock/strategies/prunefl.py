@@ -444,6 +444,10 @@ class PruneFLRounds(SyncRounds):
     """FedAvg's barrier rounds, after the initial pruning: the selected client's work takes
     ``initial_time`` virtual seconds, then its pruned model is committed and round 1 starts."""
 
+    # its initial pruning and reconfiguration rounds assume every participant reports:
+    # devices that go offline are not handled (a run on such a trace is refused)
+    on_lost = None  # type: ignore[assignment]
+
     def __init__(self, *, client_fraction: float, initial_time: float | None) -> None:
         super().__init__(client_fraction=client_fraction)
         self.initial_time = initial_time

@@ -87,9 +87,15 @@ class SyncRounds:
     def _dispatch_round(self, ctx: Context) -> bool:
         """Start round ``self.round``; False if it has nothing to wait for."""
         r = self.round
-        clients = select_clients(
-            lambda: ctx.rng("select", r), ctx.num_clients, self.client_fraction
-        )
+        if ctx.has_availability:
+            got = self._online_clients(ctx, r)
+            if got is None:  # nobody online: the round starts when someone is
+                return True
+            clients = got
+        else:
+            clients = select_clients(
+                lambda: ctx.rng("select", r), ctx.num_clients, self.client_fraction
+            )
         self._arrived = []
         self._outstanding = {}
         self._cut = []
@@ -123,13 +129,40 @@ class SyncRounds:
             return True
         return bool(self._outstanding)
 
+    def _online_clients(self, ctx: Context, r: int) -> np.ndarray | None:
+        """With availability (a trace): the round's participants, m = max(1, ⌊C·N⌋) drawn
+        among the devices online now (all of them if fewer are); None when none is — then a
+        timer starts the round when the first comes online."""
+        online = ctx.online_clients()
+        if not len(online):
+            wake = min(ctx.next_online(c) for c in range(ctx.num_clients))
+            if np.isfinite(wake):
+                ctx.set_timer(wake, ("wake", r))
+            return None
+        m = max(1, int(self.client_fraction * ctx.num_clients + 1e-9))
+        if m >= len(online):
+            return online
+        return np.sort(ctx.rng("select", r).choice(online, size=m, replace=False))
+
     def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
         del self._outstanding[contribution.task.task_id]
         self._arrived.append(contribution)
         if not self._outstanding and not self._hold:
             self._close(ctx)
 
+    def on_lost(self, ctx: Context, task: Task) -> None:
+        """A participant's device went offline: the round no longer waits for it (a barrier
+        closes with the others; under a deadline it is simply absent)."""
+        self._outstanding.pop(task.task_id, None)
+        self._cut = [t for t in self._cut if t.task_id != task.task_id]
+        if not self._outstanding and not self._hold:
+            self._close(ctx)
+
     def on_timer(self, ctx: Context, tag: Any) -> None:
+        if isinstance(tag, tuple) and tag[0] == "wake":  # someone came online: start the round
+            if tag[1] == self.round:
+                self._start_round(ctx)
+            return
         if tag != self.round:  # the round already closed when everyone arrived
             return
         for task in self._cut:
