@@ -32,6 +32,7 @@ BENCHMARKS = {
     "sweep-table2": "benchmarks.sweep_table2",
     "fedraa-fragments": "benchmarks.fedraa_fragments",
     "fedraa-step": "benchmarks.fedraa_step",
+    "trace-scale": "benchmarks.trace_scale",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 

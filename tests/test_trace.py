@@ -284,3 +284,39 @@ def test_online_all_equals_online_device_by_device(rows, t: float) -> None:  # t
     more = [(1, s, e, p) for _, s, e, p in rows[:2]]
     a = Availability.from_rows(3, [*rows, *more])
     assert a.online_all(t).tolist() == [a.online(d, t) for d in range(3)]
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "diurnal"])
+def test_generated_fleets_are_seeded_and_online_about_the_share_asked(
+    tmp_path: Path, kind: str
+) -> None:
+    """2,000 devices, hourly slots over a day, online 0.3: the share of device-hours online
+    is 0.3 within sampling error (and the correction for devices never online, which
+    adds at most one slot each); the same seed writes the same files; every device is
+    online at some time."""
+    from fedclock.devices.trace import generate_trace
+
+    t = generate_trace(2000, availability=kind, seed=4, online=0.3)
+    a = t.availability
+    assert a is not None and (np.diff(a.offsets) > 0).all()
+    share = float((a.end - a.start).sum()) / (2000 * 86_400.0)
+    assert abs(share - 0.3) < 0.02, share
+    write_trace(tmp_path / "a", t)
+    write_trace(tmp_path / "b", generate_trace(2000, availability=kind, seed=4, online=0.3))
+    for name in ("devices.csv", "availability.csv"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_trace_generate_then_a_run_on_it(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["trace", "generate", "--devices", "12", "--availability",
+                              "always", "--out", str(tmp_path / "g")])  # fmt: skip
+    assert res.exit_code == 0 and not (tmp_path / "g" / "availability.csv").exists()
+    res = runner.invoke(app, ["trace", "generate", "--devices", "12", "--slot", "0.5",
+                              "--period", "4", "--out", str(tmp_path / "d")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    raw = tiny_raw(population={"scenario": "trace", "trace": str(tmp_path / "d")},
+                   budget={"aggregations": 3})  # fmt: skip
+    out = run_experiment(load_config(raw=raw), run_dir=tmp_path / "run")
+    assert out.summary["status"] == "completed" and out.summary["aggregations"] == 3
+    bad = runner.invoke(app, ["trace", "generate", "--online", "0", "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "online" in bad.output

@@ -1413,6 +1413,38 @@ def trace_import_flash(
         _write_trace(out, from_flash(states))
 
 
+@trace_app.command("generate")
+def trace_generate(
+    devices: Annotated[int, typer.Option(help="How many devices.")] = 1000,
+    availability: Annotated[
+        str,
+        typer.Option(
+            help="always, bernoulli (each slot online with --online) or diurnal "
+            "(a daily cycle per device, random phase)"
+        ),
+    ] = "diurnal",
+    online: Annotated[float, typer.Option(help="The share of slots online (on average).")] = 0.5,
+    slot: Annotated[float, typer.Option(help="Slot length in virtual seconds.")] = 3600.0,
+    period: Annotated[float, typer.Option(help="The period that repeats, seconds.")] = 86_400.0,
+    seed: Annotated[int, typer.Option(help="Seed of the draws.")] = 0,
+    out: TraceOut = Path("trace"),
+) -> None:
+    """A synthetic fleet in fedclock's trace format, for runs with devices that come and go
+    where no measured trace is at hand (docs/traces.md)."""
+    from fedclock.devices.trace import generate_trace
+    from fedclock.errors import ConfigError
+
+    with _user_errors():
+        if not 1 <= devices <= 10_000_000:
+            raise ConfigError(f"--devices must be from 1 to 10,000,000, got {devices}.")
+        try:
+            trace = generate_trace(devices, availability=availability, seed=seed, slot_s=slot,
+                                   period_s=period, online=online)  # fmt: skip
+        except ValueError as exc:
+            raise ConfigError(f"{exc}.") from None
+        _write_trace(out, trace)
+
+
 @trace_app.command("export")
 def trace_export(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (its config.yaml).")],

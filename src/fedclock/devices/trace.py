@@ -93,6 +93,10 @@ class Availability:
     period: np.ndarray  # (D,) float64, inf: not periodic
     # a device listed in availability.csv (False: always online)
     listed: np.ndarray  # (D,) bool
+    # (online_all's per-interval device, period and whether it repeats: built on first use)
+    _rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @classmethod
     def from_rows(
@@ -169,11 +173,16 @@ class Availability:
         out = ~self.listed
         if not len(self.start):
             return out
-        dev = np.repeat(np.arange(n), np.diff(self.offsets))
-        p = self.period[dev]
-        finite = np.isfinite(p)
-        x = np.full(len(dev), float(t))
-        x[finite] = t - np.floor(t / p[finite]) * p[finite]  # (as _local folds it)
+        rows = self._rows
+        if rows is None:  # each interval's device and period, once (an inf period: 0)
+            dev = np.repeat(np.arange(n), np.diff(self.offsets))
+            p = self.period[dev]
+            rows = self._rows = (dev, np.where(np.isfinite(p), p, 0.0), np.isfinite(p))
+        dev, p, finite = rows
+        t = float(t)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            folded = t - np.floor(t / p) * p  # (as _local folds it)
+        x = np.where(finite, folded, t)
         inside = (self.start <= x) & (x < self.end)
         hit = np.zeros(n, dtype=bool)
         hit[dev[inside]] = True
@@ -398,6 +407,74 @@ def write_trace(folder: Path, trace: Trace) -> None:
             w.writerow([dev, repr(float(a.start[i])), repr(float(a.end[i])),
                         _fmt(float(a.period[k]))])  # fmt: skip
     write_atomic(folder / AVAILABILITY_FILE, buf.getvalue())
+
+
+# --------------------------------------------------------------------- generated fleets
+GENERATED = ("always", "bernoulli", "diurnal")
+
+
+def generate_trace(
+    devices: int,
+    *,
+    availability: str = "diurnal",
+    seed: int = 0,
+    slot_s: float = 3600.0,
+    period_s: float = 86_400.0,
+    online: float = 0.5,
+    speed_median: float = 4.0e9,
+    speed_sigma: float = 0.8,
+    kbit_median: float = 5000.0,
+    kbit_sigma: float = 1.0,
+) -> Trace:
+    """A synthetic fleet where no measured trace is at hand: speeds log-normal around
+    ``speed_median`` FLOP/s (σ ``speed_sigma``; FedScale's are about 4e9 against the 6e8
+    reference), links log-normal around ``kbit_median`` kbit/s (× 128 bytes/s, both ways),
+    and availability in slots of ``slot_s`` over a ``period_s`` that repeats:
+
+    - ``always``: every device always online (no availability.csv);
+    - ``bernoulli``: each slot online with probability ``online``, independently;
+    - ``diurnal``: each slot online with probability ``online``·(1 + 0.8·sin(2π(t/period +
+      φ_d))), clipped to [0, 1], φ_d a device's uniform phase (time zones) — about
+      ``online`` on average, mostly at one time of each device's day.
+
+    Draws from ``numpy.random.default_rng(seed)`` in a fixed order."""
+    if availability not in GENERATED:
+        raise ValueError(f"unknown availability {availability!r}; allowed: {', '.join(GENERATED)}")
+    if devices < 1 or not (0.0 < online <= 1.0) or not (0 < slot_s <= period_s):
+        raise ValueError("need devices ≥ 1, 0 < online ≤ 1 and 0 < slot_s ≤ period_s")
+    rng = np.random.default_rng(seed)
+    flops = speed_median * rng.lognormal(0.0, speed_sigma, devices)
+    bw = kbit_median * rng.lognormal(0.0, kbit_sigma, devices) * FEDSCALE_KBIT_BYTES
+    avail = None
+    if availability != "always":
+        slots = max(1, round(period_s / slot_s))
+        t = (np.arange(slots) + 0.5) / slots
+        if availability == "bernoulli":
+            p = np.full((devices, slots), online)
+        else:
+            phase = rng.uniform(0.0, 1.0, (devices, 1))
+            p = np.clip(online * (1.0 + 0.8 * np.sin(2.0 * np.pi * (t[None, :] + phase))), 0.0, 1.0)
+        on = rng.random((devices, slots)) < p
+        rows = [
+            (d, float(k * slot_s), float((k + 1) * slot_s), float(period_s))
+            for d, k in zip(*np.nonzero(on), strict=True)
+        ]
+        avail = Availability.from_rows(devices, rows)
+        # a device never online in its period would never train: online in its best slot
+        never = np.flatnonzero(np.diff(avail.offsets) == 0)
+        if len(never):
+            best = np.argmax(p[never], axis=1)
+            extra = [(int(d), float(k * slot_s), float((k + 1) * slot_s), float(period_s))
+                     for d, k in zip(never, best, strict=True)]  # fmt: skip
+            avail = Availability.from_rows(devices, rows + extra)
+    notes = [
+        f"source: generated (fedclock trace generate: {availability}, seed {seed}, "
+        f"{devices} devices, slots of {slot_s:g} s over {period_s:g} s, online {online:g})",
+        f"reference: speeds log-normal around {speed_median:g} FLOP/s (sigma {speed_sigma:g}); "
+        f"links around {kbit_median:g} kbit/s x 128 bytes/s (sigma {kbit_sigma:g})",
+    ]
+    return Trace([f"g{i}" for i in range(devices)], flops, bw, bw.copy(), [""] * devices,
+                 ["generated"] * devices, avail, notes)  # fmt: skip
 
 
 # --------------------------------------------------------------------- importers
