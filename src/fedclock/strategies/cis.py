@@ -461,8 +461,12 @@ def build_cis(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
         lower_heads=s.lower_heads,
     )  # fmt: skip
     momentum = s.momentum_state or ("node" if s.mode == "reference" else "task")
+    sync = SyncRounds(work=work)
+    # the tree's rates and serving shares assume every device trains each round: a fleet
+    # whose devices go offline is refused (Strategy: no on_lost), not silently reweighted
+    sync.on_lost = None  # type: ignore[method-assign,assignment]
     return Strategy(
-        name=s.name, planner=work, trigger=SyncRounds(work=work), aggregator=aggregator,
+        name=s.name, planner=work, trigger=sync, aggregator=aggregator,
         needs=Needs(shapes=frozenset({Exit}), layout=layout,
                     momentum_per_client=momentum == "node", synchronous=True),
         summary=report,
