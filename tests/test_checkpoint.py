@@ -216,6 +216,7 @@ _STATIC = {
     "Checkpointer", "Split",
     "Neurons",  # (a work shape: Layout keeps recent transient ones' keys)
     "Availability",  # (a trace's online intervals: data, read from the trace)
+    "OnlineSet",  # (who is online now: derived from the time, rebuilt after a resume)
     "Linear", "Proximal", "WeightDecay",  # (gradient terms: values of the local objective)
 }  # fmt: skip
 

@@ -320,3 +320,25 @@ def test_trace_generate_then_a_run_on_it(tmp_path: Path) -> None:
     assert out.summary["status"] == "completed" and out.summary["aggregations"] == 3
     bad = runner.invoke(app, ["trace", "generate", "--online", "0", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "online" in bad.output
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=_intervals(), times=st.lists(st.floats(0, 400, allow_nan=False), min_size=1, max_size=8)
+)
+def test_the_online_set_follows_online_all_as_time_moves_forward(rows, times) -> None:  # type: ignore[no-untyped-def]
+    """Advanced through increasing times, the online set's count and its k-th devices are
+    online_all's, and a set built afresh at a time (a resumed run) equals the advanced one."""
+    from fedclock.devices.trace import OnlineSet
+
+    more = [(2, s + 3.0, e + 3.0, p) for _, s, e, p in rows[:3]]
+    a = Availability.from_rows(4, [*rows, *more])
+    times = sorted(times)
+    live = OnlineSet(a, times[0])
+    for t in times:
+        live.advance(t)
+        want = np.flatnonzero(a.online_all(t)).tolist()
+        assert live.count == len(want)
+        assert [live.kth(k) for k in range(live.count)] == want
+        fresh = OnlineSet(a, t)
+        assert fresh.count == live.count and fresh.on.tolist() == live.on.tolist()

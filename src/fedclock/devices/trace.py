@@ -239,6 +239,90 @@ class Availability:
         return base + p + float(self.start[lo]) if math.isfinite(p) else math.inf
 
 
+class OnlineSet:
+    """The devices online at a time that only moves forward (a run's clock): their flags,
+    a Fenwick tree over them (how many are online; the k-th online device in index order,
+    O(log D)) and a heap of each device's next change (:meth:`Availability.next_offline` /
+    :meth:`~Availability.next_online`), so advancing costs O(changes · log D), not a pass
+    over every device. Derived from the time alone: rebuilt at a resumed run's time, it
+    holds what the uninterrupted run held."""
+
+    def __init__(self, avail: Availability, t: float) -> None:
+        import heapq
+
+        self.avail, self.t = avail, float(t)
+        on = avail.online_all(self.t)
+        self.on = on.copy()
+        n = len(on)
+        self._size = n
+        # Fenwick tree (1-based): node i sums the flags of (i − lowbit(i), i]
+        idx = np.arange(1, n + 1)
+        cs = np.concatenate([[0], np.cumsum(on, dtype=np.int64)])
+        self._tree = [0, *(cs[idx] - cs[idx - (idx & -idx)]).tolist()]
+        self._top = 1 << max(0, n.bit_length() - 1)
+        # each listed device's next interval boundary after t, at most its next change (a
+        # boundary where nothing changes, or one an ulp early, is checked when popped)
+        heap: list[tuple[float, int]] = []
+        rows = avail._rows
+        if rows is not None and len(avail.start):
+            dev, p, finite = rows
+            with np.errstate(divide="ignore", invalid="ignore"):
+                base = np.where(finite, np.floor(self.t / p) * p, 0.0)
+            nxt = np.full(len(dev), np.inf)
+            for b in (avail.start, avail.end):
+                at = base + b
+                at = np.where(at > self.t, at, np.where(finite, at + p, np.inf))
+                nxt = np.minimum(nxt, at)
+            counts = np.diff(avail.offsets)
+            has = np.flatnonzero(counts > 0)
+            first = np.minimum.reduceat(nxt, avail.offsets[has]) if len(has) else nxt[:0]
+            keep = np.isfinite(first)
+            heap = list(zip(first[keep].tolist(), has[keep].tolist(), strict=True))
+            heapq.heapify(heap)
+        self._heap = heap
+        self.count = int(on.sum())
+
+    def _add(self, i: int, delta: int) -> None:
+        tree, n = self._tree, self._size
+        i += 1
+        while i <= n:
+            tree[i] += delta
+            i += i & -i
+
+    def advance(self, t: float) -> None:
+        """Apply every change at or before ``t`` (``t`` never earlier than the last)."""
+        import heapq
+
+        t = float(t)
+        heap, avail = self._heap, self.avail
+        while heap and heap[0][0] <= t:
+            at, d = heapq.heappop(heap)
+            now_on = avail.online(d, at)
+            if now_on != self.on[d]:
+                self.on[d] = now_on
+                self._add(d, 1 if now_on else -1)
+                self.count += 1 if now_on else -1
+            nxt = avail.next_offline(d, at) if now_on else avail.next_online(d, at)
+            if math.isfinite(nxt):
+                heapq.heappush(heap, (nxt, d))
+        self.t = max(self.t, t)
+
+    def kth(self, k: int) -> int:
+        """The k-th (0-based) online device in index order."""
+        tree, pos, step, k = self._tree, 0, self._top, k + 1
+        while step:
+            nxt = pos + step
+            if nxt <= self._size and tree[nxt] < k:
+                pos = nxt
+                k -= tree[nxt]
+            step >>= 1
+        return pos  # (1-based pos + 1 − 1)
+
+    def next_change(self) -> float:
+        """When the next device comes online or goes offline (inf: never)."""
+        return self._heap[0][0] if self._heap else math.inf
+
+
 def _settle(a: Availability, d: int, t: float, *, want: bool) -> float:
     """``t``, moved up by ulps until ``a.online(d, t)`` is ``want`` (a few at most)."""
     if not math.isfinite(t):

@@ -205,9 +205,18 @@ class Context:
         """When ``client``'s device is next online: now if it is, inf if never again."""
         return self._sim.next_online(client)
 
-    def online_clients(self) -> np.ndarray:
-        """The clients whose device is online now (all, without availability)."""
-        return self._sim.online_clients()
+    def online_clients(self, positions: np.ndarray | None = None) -> np.ndarray:
+        """The clients whose device is online now, in index order (all, without
+        availability); ``positions``: the ones at those places of that order."""
+        return self._sim.online_clients(positions)
+
+    def online_count(self) -> int:
+        """How many clients' devices are online now."""
+        return self._sim.online_count()
+
+    def next_any_online(self) -> float:
+        """While no device is online: when one comes online (inf: never)."""
+        return self._sim.next_any_online()
 
     @property
     def has_availability(self) -> bool:
@@ -290,6 +299,7 @@ class Simulator:
         # when each device is online (a trace's availability; None: always): a task whose
         # device goes offline before it ends is lost then (_LOST), known at dispatch
         self._avail = getattr(population, "availability", None)
+        self._online_set: Any = None  # (online_count/online_clients: derived, not state)
         if self._avail is not None:
             if getattr(strategy, "on_lost", None) is None:
                 from fedclock.errors import ConfigError
@@ -399,12 +409,35 @@ class Simulator:
         """Whether ``client``'s device is online now (always, without availability)."""
         return self._avail is None or bool(self._avail.online(client, self.now))
 
-    def online_clients(self) -> np.ndarray:
-        """The clients whose device is online now, in index order."""
+    def _online_now(self) -> Any:
+        """The population's :class:`~fedclock.devices.trace.OnlineSet` at the current time
+        (built on first use, e.g. after a resume: it depends on the time alone)."""
+        from fedclock.devices.trace import OnlineSet
+
+        assert self._avail is not None
+        if self._online_set is None or self._online_set.t > self.now:
+            self._online_set = OnlineSet(self._avail, self.now)
+        self._online_set.advance(self.now)
+        return self._online_set
+
+    def online_clients(self, positions: np.ndarray | None = None) -> np.ndarray:
+        """The clients whose device is online now, in index order (``positions``: only the
+        ones at those places of that order)."""
         n = len(self.population)
         if self._avail is None:
-            return np.arange(n)
-        return np.flatnonzero(self._avail.online_all(self.now))
+            return np.arange(n) if positions is None else np.asarray(positions)
+        online = self._online_now()
+        if positions is None:
+            positions = np.arange(online.count)
+        return np.array([online.kth(int(k)) for k in positions], dtype=np.int64)
+
+    def online_count(self) -> int:
+        """How many clients' devices are online now."""
+        return len(self.population) if self._avail is None else self._online_now().count
+
+    def next_any_online(self) -> float:
+        """When a device next comes online while none is (inf: never)."""
+        return self.now if self._avail is None else self._online_now().next_change()
 
     def next_online(self, client: int) -> float:
         """When ``client``'s device is next online (now if it is; inf: never again)."""

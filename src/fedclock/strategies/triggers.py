@@ -133,16 +133,19 @@ class SyncRounds:
         """With availability (a trace): the round's participants, m = max(1, ⌊C·N⌋) drawn
         among the devices online now (all of them if fewer are); None when none is — then a
         timer starts the round when the first comes online."""
-        online = ctx.online_clients()
-        if not len(online):
-            wake = min(ctx.next_online(c) for c in range(ctx.num_clients))
+        count = ctx.online_count()
+        if not count:
+            wake = ctx.next_any_online()
             if np.isfinite(wake):
                 ctx.set_timer(wake, ("wake", r))
             return None
         m = max(1, int(self.client_fraction * ctx.num_clients + 1e-9))
-        if m >= len(online):
-            return online
-        return np.sort(ctx.rng("select", r).choice(online, size=m, replace=False))
+        if m >= count:
+            return ctx.online_clients()
+        # (the same draw as choice over the sorted online clients, without listing them)
+        return np.sort(
+            ctx.online_clients(ctx.rng("select", r).choice(count, size=m, replace=False))
+        )
 
     def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
         del self._outstanding[contribution.task.task_id]
