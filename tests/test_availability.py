@@ -83,11 +83,14 @@ def test_an_asynchronous_client_starts_again_when_its_device_is_back() -> None:
     assert w.lost
     avail = sim.population.availability
     assert avail is not None
+    checked = 0
     for at, t in w.lost:
         back = avail.next_online(t.client, at)
         later = [d for d in w.dispatched if d.client == t.client and d.t_start >= at]
         if later and back <= sim.now:
             assert later[0].t_start == back
+            checked += 1
+    assert checked, "no lost client came back within the run: the check ran on nothing"
 
 
 def test_lost_tasks_show_as_offline_in_the_timeline_and_the_summary(tmp_path: Path) -> None:

@@ -507,6 +507,16 @@ def masked_cost(layout: Layout, masks: Mapping[str, torch.Tensor], samples: int)
     return TaskCost(flops=samples * flops, bytes_down=nbytes, bytes_up=nbytes)
 
 
+def _program_coverage(
+    shape: WorkShape, layout: Layout, name: str, like: torch.Tensor
+) -> torch.Tensor | bool:
+    """What a shape covers of parameter ``name``, read from its (cached) program."""
+    got = shape.program(layout).coverage
+    assert got is not None
+    c = got[name]
+    return c.to(like.device) if isinstance(c, torch.Tensor) else c
+
+
 #: how many programs of transient shapes a layout keeps (RAM-Fed's random submodels)
 TRANSIENT_PROGRAMS = 64
 
@@ -795,10 +805,7 @@ class Neurons(WorkShape):
         return False  # models with buffers are refused; the base's are kept
 
     def coverage(self, layout: Layout, name: str, like: torch.Tensor) -> torch.Tensor | bool:
-        got = self.program(layout).coverage
-        assert got is not None
-        c = got[name]
-        return c.to(like.device) if isinstance(c, torch.Tensor) else c
+        return _program_coverage(self, layout, name, like)
 
     def _program(self, layout: Layout, trains_fully: bool) -> Program:
         masks = self.masks(layout)
@@ -855,10 +862,7 @@ class OrderedDropout(WorkShape):
         return False  # models with buffers are refused; the base's are kept
 
     def coverage(self, layout: Layout, name: str, like: torch.Tensor) -> torch.Tensor | bool:
-        got = self.program(layout).coverage
-        assert got is not None
-        c = got[name]
-        return c.to(like.device) if isinstance(c, torch.Tensor) else c
+        return _program_coverage(self, layout, name, like)
 
     def step_levels(self) -> tuple[int, ...]:
         return self.levels
