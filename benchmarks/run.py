@@ -33,6 +33,7 @@ BENCHMARKS = {
     "fedraa-fragments": "benchmarks.fedraa_fragments",
     "fedraa-step": "benchmarks.fedraa_step",
     "trace-scale": "benchmarks.trace_scale",
+    "selection-scale": "benchmarks.selection_scale",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 

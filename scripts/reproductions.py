@@ -409,11 +409,24 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
 
 
-def collect(name: str, root: Path, commit: str | None, note: str | None, pages: Path) -> Results:
+def collect(
+    name: str,
+    root: Path,
+    commit: str | None,
+    note: str | None,
+    pages: Path,
+    merge: bool = False,
+) -> Results:
+    """Store table ``name``'s numbers from the run folders under ``root``; ``merge``: keep
+    the stored numbers of every (cell, seed) that ``root`` has no finished run of."""
     table = TABLES[name]
     values = table.collect(root)
     if not values:
         raise SystemExit(f"error: no finished runs of table {name!r} under {root}.")
+    if merge:
+        fresh = {(cell, seed) for cell, seed, _ in values}
+        kept = {k: v for k, v in load(name, pages).values.items() if k[:2] not in fresh}
+        values = {**kept, **values}
     from importlib.metadata import version
 
     meta = {
@@ -496,6 +509,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("root", type=Path, help="the folder the commands' {root} was (e.g. runs)")
     c.add_argument("--commit", help="the commit whose code made the runs (default: HEAD)")
     c.add_argument("--note", help="a sentence on how the runs were made, shown on the page")
+    c.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the stored numbers of the cells and seeds ROOT has no finished run of",
+    )
     st = sub.add_parser("mark-stale", help="say on the page that goldens moved after a table")
     st.add_argument("name", choices=sorted(TABLES))
     st.add_argument("commit", help="the commit that changed tests/golden")
@@ -536,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     if args.cmd == "collect":
-        res = collect(args.name, args.root, args.commit, args.note, PAGES)
+        res = collect(args.name, args.root, args.commit, args.note, PAGES, args.merge)
         print(f"{len(res.values)} numbers stored in docs/reproductions/results/{args.name}.csv")
         return 0
     if args.cmd == "mark-stale":
@@ -977,6 +995,177 @@ FEDRAA_T5_REFERENCE = register(
     )
 )
 
+
+# ----------------------------------------------------------------------------- Table 3
+# Gre-RAA against its ablations (Random, MP-RAA, Sync), the counting rule of q(j) and the
+# delay bound K, in both modes: time to 93 % and the accuracy at fixed times, paired per seed.
+FEDRAA_T3 = {
+    "fed-raa": "Fed-RAA (Gre-RAA)",
+    "fed-raa-random": "Random",
+    "fed-raa-mp": "MP-RAA",
+    "fed-raa-sync": "Sync",
+    "fed-raa@completed": "Gre-RAA, q(j) counted at completion",
+    "fed-raa-mp@completed": "MP-RAA, q(j) counted at completion",
+    "fed-raa@k1000": "Gre-RAA, every fragment feasible (K = 1000 s)",
+}
+#: the paper's Table 3, MNIST: time (s) to its 93 % target
+FEDRAA_T3_PAPER = {
+    "fed-raa": 69.46,
+    "fed-raa-random": 78.54,
+    "fed-raa-mp": 80.73,
+    "fed-raa-sync": 162.71,
+}
+
+
+def fedraa_t3_collect(prefix: str, reads: tuple[float, ...]) -> Callable[[Path], dict[Key, float]]:
+    """Per run under ``ROOT/<prefix>-*``: time to 93 %, the accuracy and server steps at each
+    of ``reads`` (virtual s). The cell is the strategy with the folder's ``@suffix``."""
+
+    def collect(root: Path) -> dict[Key, float]:
+        out: dict[Key, float] = {}
+        for run, seed in seed_dirs(root, f"{prefix}-*/runs/*/seed-*"):
+            folder = run.parent.parent.parent.name
+            cell = run.parent.name + ("@" + folder.split("@", 1)[1] if "@" in folder else "")
+            rows, end = read_metrics(run), run_end(run)
+            values = {"t93": time_to(rows, FEDRAA_TARGET), "end": end}
+            for when in reads:
+                values[f"acc@{when:g}"] = at(rows, when, end=end)
+                values[f"steps@{when:g}"] = at(rows, when, "aggregation", end=end)
+            for k, v in values.items():
+                out[(cell, seed, k)] = v
+        return out
+
+    return collect
+
+
+def _t3_reads(res: Results) -> list[float]:
+    return sorted({float(k[2].split("@")[1]) for k in res.values if k[2].startswith("acc@")})
+
+
+def fedraa_t3_table(res: Results) -> str:
+    seeds = res.seeds("fed-raa")
+    reads = _t3_reads(res)
+    ref = res.per_seed("fed-raa", "t93", seeds)
+    header = [
+        "strategy",
+        "time to 93 % (s), seeds " + slash(map(str, seeds)),
+        "mean ± sd",
+        "ratio to Gre-RAA's (paired)",
+        *(f"acc. at {r:g} s (%)" for r in reads),
+        f"server steps in {reads[-1]:g} s",
+        "paper (s)",
+    ]
+    rows = []
+    for cell, label in FEDRAA_T3.items():
+        if not res.seeds(cell):
+            continue
+        t = res.per_seed(cell, "t93", seeds)
+        end = max(res.per_seed(cell, "end", seeds))
+        rows.append(
+            [
+                label,
+                slash(num(x) for x in t),
+                mean_sd(t, scale=1.0, digits=1)
+                if any(not math.isnan(x) for x in t)
+                else f"not reached in {end:g} s",
+                paired_ratio(t, ref),
+                *(mean_sd(res.per_seed(cell, f"acc@{r:g}", seeds)) for r in reads),
+                mean_sd(res.per_seed(cell, f"steps@{reads[-1]:g}", seeds), scale=1.0, digits=0),
+                num(FEDRAA_T3_PAPER.get(cell, math.nan), 2),
+            ]
+        )
+    return table_md(header, rows)
+
+
+#: the paper's claims of Table 3: (claim, faster cell, slower cell, paper's ratio)
+FEDRAA_T3_CLAIMS = (
+    ("Gre-RAA faster than Random", "fed-raa", "fed-raa-random"),
+    ("Gre-RAA faster than MP-RAA", "fed-raa", "fed-raa-mp"),
+    ("Gre-RAA faster than Sync", "fed-raa", "fed-raa-sync"),
+)
+
+
+def fedraa_t3_verdicts(res: Results) -> str:
+    """Per claim: the paired ratio slower ÷ faster per seed; holds when every seed's is > 1
+    (a run that never reached 93 % counts as slower than one that did)."""
+    seeds = res.seeds("fed-raa")
+    rows = []
+    for claim, fast, slow in FEDRAA_T3_CLAIMS:
+        a, b = res.per_seed(fast, "t93", seeds), res.per_seed(slow, "t93", seeds)
+        if not res.seeds(slow):
+            continue
+        ratios = [
+            (y / x)
+            if not (math.isnan(x) or math.isnan(y))
+            else (math.inf if math.isnan(y) and not math.isnan(x) else math.nan)
+            for x, y in zip(a, b, strict=True)
+        ]
+        shown = [
+            ("> " + fmt_ratio(max(res.per_seed(slow, "end", seeds)) / x))
+            if math.isinf(r)
+            else fmt_ratio(r)
+            for r, x in zip(ratios, a, strict=True)
+        ]
+        d = [r - 1.0 for r in ratios if not math.isnan(r)]
+        verdict = (
+            sign_verdict([0.0 if abs(x) < 1e-9 else x for x in d], +1) if d else "not measured"
+        )
+        paper = FEDRAA_T3_PAPER[slow] / FEDRAA_T3_PAPER[fast]
+        rows.append([claim, f"{paper:.2f}", slash(shown), f"**{verdict}**"])
+    return table_md(
+        [
+            "claim (the paper's Table 3)",
+            "paper: its time ÷ Gre-RAA's",
+            "here, seeds " + slash(map(str, seeds)),
+            "verdict",
+        ],
+        rows,
+    )
+
+
+_T3 = "fedclock compare --preset fedraa-ablation-mnist --data-dir {data} --seeds {seeds} $C"
+FEDRAA_T3_PAPER_TABLE = register(
+    Table(
+        name="fedraa-t3-paper",
+        page="fed-raa.md",
+        seeds=(1, 2, 3),
+        prelude=FEDRAA_PRELUDE,
+        commands=(
+            _T3 + " --strategies fed-raa,fed-raa-random --out {root}/t3p-gre",
+            _T3 + " --strategies fed-raa-mp --out {root}/t3p-mp",
+            _T3 + " --strategies fed-raa-sync --out {root}/t3p-sync",
+            _T3 + " --strategies fed-raa,fed-raa-mp --set strategy.count=completed "
+            "--out {root}/t3p-count@completed",
+            _T3 + " --strategies fed-raa --set strategy.k=1000 --out {root}/t3p-k@k1000",
+        ),
+        collect=fedraa_t3_collect("t3p", (100.0, 300.0)),
+        blocks={"table": fedraa_t3_table, "verdicts": fedraa_t3_verdicts},
+        tolerance=FEDRAA_TOLERANCE,
+    )
+)
+_T3R = (
+    _T3 + " --set 'population.capabilities=[1,5]' --set population.up_bandwidth=null "
+    "--set population.down_bandwidth=null --set strategy.mode=reference "
+    "--set budget.virtual_time=150"
+)
+FEDRAA_T3_REFERENCE_TABLE = register(
+    Table(
+        name="fedraa-t3-reference",
+        page="fed-raa.md",
+        seeds=(1, 2, 3),
+        prelude=FEDRAA_PRELUDE,
+        commands=(
+            _T3R + " --strategies fed-raa,fed-raa-random --out {root}/t3r-gre",
+            _T3R + " --strategies fed-raa-mp --out {root}/t3r-mp",
+            _T3R + " --strategies fed-raa-sync --out {root}/t3r-sync",
+            _T3R + " --strategies fed-raa --set strategy.count=completed "
+            "--out {root}/t3r-count@completed",
+        ),
+        collect=fedraa_t3_collect("t3r", (100.0, 150.0)),
+        blocks={"table": fedraa_t3_table, "verdicts": fedraa_t3_verdicts},
+        tolerance=FEDRAA_TOLERANCE,
+    )
+)
 
 # ============================================================================= CIS
 # Table 1 (equal split, 4-2-1 tree): the routed CIS accuracy of each weighting at the serving
@@ -1420,6 +1609,132 @@ DRIFT = register(
         collect=drift_collect,
         blocks={"table": drift_table, "paired": drift_paired},
         tolerance={"acc": 0.005, "loss": 0.01, "steps": 0.0, "time": 10.0},
+    )
+)
+
+# ----------------------------------------------------------------------------- fleet
+# Straggler methods on a trace-driven fleet with availability (docs/reproductions/fleet.md)
+FLEET_STRATEGIES = ("fedavg", "salf", "drop-stragglers", "fedbuff", "fed-raa")
+FLEET_TIMES = (1800, 3600, 7200, 10800)
+FLEET_TARGET = 0.9
+
+
+def fleet_collect(root: Path) -> dict[Key, float]:
+    """Per strategy and seed of the fleet-mnist comparison: the accuracy at the read-out
+    times, the time to 90 %, the server steps, the updates used, discarded and lost offline,
+    the compute spent and the share of it wasted."""
+    out: dict[Key, float] = {}
+    for name in FLEET_STRATEGIES:
+        for run, seed in seed_dirs(root / "fleet", f"runs/{name}/seed-*"):
+            rows, end = read_metrics(run), run_end(run)
+            summary = json.loads((run / "summary.json").read_text())
+            for t in FLEET_TIMES:
+                out[(name, seed, f"acc@{t}")] = at(rows, t, end=end)
+            out[(name, seed, "t90")] = time_to(rows, FLEET_TARGET)
+            spent = float(summary["compute_s_spent"])
+            out[(name, seed, "wasted")] = float(summary["compute_s_wasted"]) / spent
+            out[(name, seed, "spent_h")] = spent / 3600.0
+            for k in ("aggregations", "updates_used", "updates_discarded", "updates_lost"):
+                out[(name, seed, k)] = float(summary.get(k, 0))
+    return out
+
+
+def _fleet_seeds(res: Results) -> list[int]:
+    return sorted({s for _, s, _ in res.values})
+
+
+def fleet_table(res: Results) -> str:
+    seeds = _fleet_seeds(res)
+    header = [
+        "strategy",
+        *[f"accuracy at {t / 3600:g} h (%)" for t in FLEET_TIMES],
+        f"time to {round(100 * FLEET_TARGET)} % (s)",
+        "server steps",
+        "updates used",
+        "discarded",
+        "lost offline",
+        "compute spent (device-h)",
+        "wasted (%)",
+    ]
+    rows = []
+    for name in FLEET_STRATEGIES:
+        if not res.seeds(name):
+            continue
+
+        def per(metric: str, name: str = name) -> list[float]:
+            return res.per_seed(name, metric, seeds)
+
+        rows.append(
+            [
+                f"`{name}`",
+                *[mean_sd(per(f"acc@{t}")) for t in FLEET_TIMES],
+                mean_sd(per("t90"), scale=1.0, digits=0),
+                mean_sd(per("aggregations"), scale=1.0, digits=0),
+                mean_sd(per("updates_used"), scale=1.0, digits=0),
+                mean_sd(per("updates_discarded"), scale=1.0, digits=0),
+                mean_sd(per("updates_lost"), scale=1.0, digits=0),
+                mean_sd(per("spent_h"), scale=1.0, digits=0),
+                mean_sd(per("wasted"), digits=1),
+            ]
+        )
+    return table_md(header, rows)
+
+
+def fleet_paired(res: Results) -> str:
+    """Each method − FedAvg, seed by seed (the same devices, data and initial model), and
+    the sign verdict of "ahead of FedAvg" at each read-out."""
+    seeds = _fleet_seeds(res)
+    header = [
+        "method − FedAvg",
+        *[f"at {t / 3600:g} h (points)" for t in FLEET_TIMES],
+        f"ahead at {FLEET_TIMES[0] / 3600:g} h",
+        f"ahead at {FLEET_TIMES[-1] / 3600:g} h",
+    ]
+    rows = []
+    for name in FLEET_STRATEGIES[1:]:
+        if not res.seeds(name):
+            continue
+        diffs = {}
+        for t in FLEET_TIMES:
+            a = res.per_seed(name, f"acc@{t}", seeds)
+            b = res.per_seed("fedavg", f"acc@{t}", seeds)
+            diffs[t] = [100 * (x - y) for x, y in zip(a, b, strict=True)]
+        rows.append(
+            [
+                f"`{name}`",
+                *[spread(diffs[t]) for t in FLEET_TIMES],
+                sign_verdict(diffs[FLEET_TIMES[0]], +1),
+                sign_verdict(diffs[FLEET_TIMES[-1]], +1),
+            ]
+        )
+    return table_md(header, rows)
+
+
+FLEET = register(
+    Table(
+        name="fleet",
+        page="fleet.md",
+        seeds=(1, 2, 3),
+        prelude=(
+            'C="--jobs 1 --batch-runs 1 -q --set executor.threads=1"\n'
+            "python scripts/fedscale_fleet.py --clients 200 --seed 0 --out traces/fleet-pickles\n"
+            "fedclock trace import fedscale traces/fleet-pickles/client_device_capacity "
+            "traces/fleet-pickles/client_behave_trace --reference-flops 3.2e5 --out traces/fleet"
+        ),
+        commands=(
+            "fedclock compare --preset fleet-mnist --data-dir {data} --seeds {seeds} $C "
+            "--out {root}/fleet",
+        ),
+        collect=fleet_collect,
+        blocks={"table": fleet_table, "paired": fleet_paired},
+        tolerance={
+            "acc": 0.005,
+            "t90": 300.0,
+            "wasted": 0.01,
+            "spent": 1.0,
+            "aggregations": 0.0,
+            "updates": 0.0,
+        },
     )
 )
 

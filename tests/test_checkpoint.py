@@ -149,6 +149,14 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
     "availability-fedbuff": {"population.scenario": "trace", "population.trace": str(
         Path(__file__).parent / "data" / "trace-availability"), "strategy.name": "fedbuff",
         "strategy.buffer_size": 2, "budget.aggregations": 8},
+    # speed-aware selection: Oort's utilities, pacer and exploration; TiFL's tiers (issue 45)
+    "oort": {"strategy.client_fraction": 0.5, "selection.name": "oort",
+             "selection.pacer_step": 1, "budget.aggregations": 6},
+    "tifl": {"strategy.client_fraction": 0.5, "selection.name": "tifl", "selection.tiers": 2,
+             "selection.interval": 1, "selection.credits": 4, "budget.aggregations": 6},
+    "oort-availability": {"population.scenario": "trace", "population.trace": str(
+        Path(__file__).parent / "data" / "trace-availability"), "strategy.client_fraction": 0.5,
+        "selection.name": "oort", "budget.aggregations": 6},
     "fedfix-estimated": {
         "strategy.name": "fedfix", "strategy.delta_t": 0.3, "strategy.tau_source": "estimated",
         "budget.aggregations": 10,

@@ -201,3 +201,77 @@ def test_results_older_than_a_golden_change_must_be_rerun_or_marked_stale(tmp_pa
         f"**Stale:** `tests/golden` changed after these results were made (commit `{res.meta['stale_since']}`)"
         in page
     )
+
+
+def test_fedraa_table3_reading_and_verdicts_by_hand(tmp_path: Path) -> None:
+    """Table 3: time to 93 % per run, the cell from the strategy and the folder's @suffix,
+    the paired ratio slower ÷ Gre-RAA; a variant that never reached 93 % counts as slower
+    ("> end ÷ Gre-RAA's time"), and a claim holds only when every seed agrees."""
+    reached = [(0.0, 0.1, 0), (50.0, 0.93, 10), (100.0, 0.94, 20), (300.0, 0.96, 60)]
+    late = [(0.0, 0.1, 0), (100.0, 0.92, 5), (150.0, 0.93, 8), (300.0, 0.95, 12)]
+    never = [(0.0, 0.1, 0), (100.0, 0.90, 2), (300.0, 0.92, 6)]
+    for seed in (1, 2):
+        _run(tmp_path / "t3p-gre" / "runs" / "fed-raa" / f"seed-{seed}", reached, end=300.0)
+        _run(tmp_path / "t3p-gre" / "runs" / "fed-raa-random" / f"seed-{seed}", late, end=300.0)
+        _run(tmp_path / "t3p-sync" / "runs" / "fed-raa-sync" / f"seed-{seed}", never, end=300.0)
+    # MP-RAA: faster than Gre-RAA in seed 1, slower in seed 2 (mixed)
+    _run(tmp_path / "t3p-mp" / "runs" / "fed-raa-mp" / "seed-1", [*reached[:1], (40.0, 0.93, 9)],
+         end=300.0)  # fmt: skip
+    _run(tmp_path / "t3p-mp" / "runs" / "fed-raa-mp" / "seed-2", late, end=300.0)
+    _run(tmp_path / "t3p-c@completed" / "runs" / "fed-raa" / "seed-1", late, end=300.0)
+    got = rep.TABLES["fedraa-t3-paper"].collect(tmp_path)
+    assert got[("fed-raa", 1, "t93")] == 50.0 and got[("fed-raa-random", 2, "t93")] == 150.0
+    assert got[("fed-raa@completed", 1, "t93")] == 150.0  # the folder's suffix
+    assert got[("fed-raa", 1, "acc@100")] == 0.94 and got[("fed-raa", 1, "steps@300")] == 60
+    assert math.isnan(got[("fed-raa-sync", 1, "t93")])
+    res = rep.Results("fedraa-t3-paper", got)
+    verdicts = rep.fedraa_t3_verdicts(res)
+    assert "| Gre-RAA faster than Random | 1.13 | 3.00 / 3.00 | **holds** |" in verdicts
+    assert "| Gre-RAA faster than MP-RAA | 1.16 | 0.80 / 3.00 | **mixed** |" in verdicts
+    assert "| Gre-RAA faster than Sync | 2.34 | > 6.00 / > 6.00 | **holds** |" in verdicts
+    table = rep.fedraa_t3_table(res)
+    assert "| Sync | — / — | not reached in 300 s | — |" in table
+    assert "| Random | 150 / 150 | 150.0 ± 0.0 | 3.00 (3.00 / 3.00) |" in table
+
+
+def test_fleet_reading_by_hand(tmp_path: Path) -> None:
+    """The fleet table: accuracy at each read-out, time to 90 %, the wasted share of the
+    compute spent and the offline losses from summary.json, each method − FedAvg paired."""
+    rows = [(0.0, 0.1, 0), (1800.0, 0.85, 5), (3600.0, 0.91, 10), (10800.0, 0.93, 30)]
+    for name, shift in (("fedavg", 0.0), ("fedbuff", 0.02)):
+        run = _run(
+            tmp_path / "fleet" / "runs" / name / "seed-1",
+            [(t, acc + shift, a) for t, acc, a in rows],
+            end=10800.0,
+            compute_s_spent=7200.0, compute_s_wasted=720.0, aggregations=30,
+            updates_used=300, updates_discarded=0, updates_lost=12,
+        )  # fmt: skip
+        assert run.is_dir()
+    got = rep.TABLES["fleet"].collect(tmp_path)
+    assert got[("fedavg", 1, "acc@7200")] == 0.91 and got[("fedavg", 1, "t90")] == 3600.0
+    assert got[("fedbuff", 1, "t90")] == 3600.0  # 0.85 + 0.02 < 0.9 at 1800 s
+    assert got[("fedavg", 1, "wasted")] == 0.1 and got[("fedavg", 1, "spent_h")] == 2.0
+    assert got[("fedavg", 1, "updates_lost")] == 12
+    paired = rep.fleet_paired(rep.Results("fleet", got))
+    assert "| `fedbuff` | +2.00 | +2.00 | +2.00 | +2.00 | holds | holds |" in paired
+
+
+def test_collect_merge_keeps_the_seeds_not_rerun(tmp_path: Path) -> None:
+    """collect --merge: the cells and seeds found under ROOT replace the stored ones, the
+    others keep their stored numbers."""
+    pages = _copy_pages(tmp_path)
+    rows = [(0.0, 0.1, 0, 2.3), (400.0, 0.96, 200, 0.13)]
+    run = tmp_path / "root" / "noniid" / "runs" / "fedavg" / "seed-1"
+    run.mkdir(parents=True)
+    lines = ["virtual_time,aggregation,test_accuracy,test_loss"]
+    lines += [f"{t},{a},{acc},{loss}" for t, acc, a, loss in rows]
+    (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+    (run / "summary.json").write_text(json.dumps({"status": "completed", "virtual_time": 400.0}))
+    before = rep.load("client-drift", pages)
+    res = rep.collect("client-drift", tmp_path / "root", "abc1234", None, pages, merge=True)
+    assert res.values[("fedavg", 1, "acc@400")] == 0.96
+    for key, value in before.values.items():
+        if key[:2] != ("fedavg", 1):
+            assert res.values[key] == value or (math.isnan(value) and math.isnan(res.values[key]))
+    only = rep.collect("client-drift", tmp_path / "root", "abc1234", None, pages)
+    assert {k[:2] for k in only.values} == {("fedavg", 1)}

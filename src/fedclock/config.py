@@ -338,6 +338,8 @@ class StrategyOptions(BaseModel):
     salf_fields: ClassVar[tuple[str, ...]] = ()
     #: config paths outside ``strategy`` and ``salf`` that only some strategies read
     reads_elsewhere: ClassVar[tuple[str, ...]] = ()
+    #: whether its rounds sample a fraction of the clients (the ``selection`` section)
+    selects: ClassVar[bool] = False
 
     @model_validator(mode="after")
     def _bounded_floats(self) -> Any:
@@ -367,9 +369,17 @@ class StrategyOptions(BaseModel):
     def reads(cls, cfg: ExperimentConfig, path: str) -> bool:
         """Whether a run of this strategy on ``cfg`` depends on the config field ``path``
         (False: every value of a sweep over it gives the same run)."""
+        if path.startswith("selection."):  # whom its rounds ask: where they sample clients
+            return cls.samples_clients(cfg) and cfg.selection.reads(path.removeprefix("selection."))
         if path not in STRATEGY_PATHS:
             return True  # data, model, training, population, budget, ...: every strategy
         return path in cls.paths() and path not in cls.unread(cfg)
+
+    @classmethod
+    def samples_clients(cls, cfg: ExperimentConfig) -> bool:
+        """Whether its rounds sample a fraction of the clients on ``cfg`` (so a selection
+        other than uniform applies)."""
+        return cls.selects and "strategy.client_fraction" not in cls.unread(cfg)
 
     @classmethod
     def option(cls, cfg: ExperimentConfig, field: str) -> Any:
@@ -413,6 +423,8 @@ class _RoundOptions(_ServerOptions):
         1.0, gt=0, le=1, description="fraction C of clients sampled per round"
     )
     server_lr: float = Field(1.0, gt=0, description="η_g of θ ← θ + η_g Σ p_i Δ_i")
+
+    selects = True
 
 
 class FedAvgOptions(_RoundOptions):
@@ -542,6 +554,7 @@ class PruneFLOptions(_RoundOptions):
     (docs/methods/prunefl.md)."""
 
     name: Literal["prunefl"] = "prunefl"
+    selects = False  # (its pruning rounds assume the uniform draw; docs/methods/selection.md)
     #: one line of `fedclock strategies`
     summary: ClassVar[str] = (
         "PruneFL (Jiang et al.): FedAvg rounds on a pruned model; the mask reconfigured "
@@ -1258,6 +1271,70 @@ class SalfConfig(_Section):
     )
 
 
+class SelectionConfig(_Section):
+    """Whom a round asks (docs/methods/selection.md): uniformly (``random``), by Oort's
+    utility and speed, or by TiFL's latency tiers. Read by the strategies whose rounds sample
+    a fraction of the clients (``strategy.client_fraction``); the Oort fields by ``oort``,
+    the TiFL fields by ``tifl``. Defaults: FedScale's for Oort, ours for TiFL where the
+    paper gives none."""
+
+    name: Literal["random", "oort", "tifl"] = Field(
+        "random", description="random (uniform, McMahan et al.), oort or tifl"
+    )
+    exploration_factor: float = Field(
+        0.9, gt=0, le=1, description="Oort: initial share ε of slots given to unexplored clients"
+    )
+    exploration_decay: float = Field(0.98, gt=0, le=1, description="Oort: ε ← ε·decay per round")
+    exploration_min: float = Field(0.3, ge=0, le=1, description="Oort: ε's floor")
+    round_threshold: float = Field(
+        30.0, ge=0, le=100, description="Oort: preferred duration T = this percentile of durations"
+    )
+    round_penalty: float = Field(
+        2.0, ge=0, description="Oort: α of (T/t_i)^α for clients slower than T"
+    )
+    clip_bound: float = Field(
+        0.9, ge=0, le=1, description="Oort: utilities clipped at this quantile"
+    )
+    cut_off_util: float = Field(
+        0.05, ge=0, le=1, description="Oort: exploit pool down to this share of the k-th score"
+    )
+    pacer_step: int = Field(20, ge=1, le=BIG_COUNT, description="Oort: the pacer's window W")
+    pacer_delta: float = Field(5.0, ge=0, le=100, description="Oort: the pacer's step Δ on T")
+    sample_window: float = Field(
+        5.0, ge=1, description="Oort: explore among the top window·k unexplored clients"
+    )
+    blacklist_rounds: int = Field(
+        -1, ge=-1, le=BIG_COUNT, description="Oort: leave out clients picked more often (−1: never)"
+    )
+    blacklist_max_len: float = Field(
+        0.3, ge=0, le=1, description="Oort: at most this share of clients left out"
+    )
+    tiers: int = Field(5, ge=1, le=1000, description="TiFL: latency tiers")
+    interval: int = Field(
+        10, ge=1, le=BIG_COUNT, description="TiFL: rounds between probability updates (I)"
+    )
+    credits: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_CLIENTS,
+        description="TiFL: rounds each tier may be chosen (null: no limit)",
+    )
+
+    #: the fields each selection reads (``name`` is read by every selecting strategy)
+    OORT: ClassVar[tuple[str, ...]] = (
+        "exploration_factor", "exploration_decay", "exploration_min", "round_threshold",
+        "round_penalty", "clip_bound", "cut_off_util", "pacer_step", "pacer_delta",
+        "sample_window", "blacklist_rounds", "blacklist_max_len",
+    )  # fmt: skip
+    TIFL: ClassVar[tuple[str, ...]] = ("tiers", "interval", "credits")
+
+    def reads(self, field: str) -> bool:
+        """Whether this selection depends on its field ``field``."""
+        if field == "name":
+            return True
+        return field in {"oort": self.OORT, "tifl": self.TIFL}.get(self.name, ())
+
+
 class CisNodeConfig(_Section):
     parent: int = Field(..., ge=-1, le=MAX_CLIENTS, description="the parent node (−1: the root)")
     exit: int = Field(..., ge=1, le=64, description="E_i: the deepest exit the node holds")
@@ -1351,6 +1428,7 @@ class ExperimentConfig(_Section):
     compare: CompareConfig = CompareConfig()
     salf: SalfConfig = SalfConfig()
     cis: CisConfig = CisConfig()
+    selection: SelectionConfig = SelectionConfig()
     output_dir: str = "runs"
 
     @field_validator("name")
@@ -1432,6 +1510,27 @@ class ExperimentConfig(_Section):
                     f"Strategy {self.strategy.name!r} trains early exits: set model.arch to "
                     f"ee_cnn or ee_resnet18 (got {self.model.arch})."
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _selection(self, info: ValidationInfo) -> ExperimentConfig:
+        """A selection other than uniform needs rounds that sample a fraction of clients."""
+        name = self.selection.name
+        if name == "random" or _role(info) == "grid":
+            return self
+        own = STRATEGY_OPTIONS[self.strategy.name]
+        if not own.samples_clients(self):
+            raise _sentence(
+                f"selection.name is {name}, but strategy {self.strategy.name!r} does not sample "
+                "clients each round (strategies that do: "
+                + ", ".join(n for n, o in STRATEGY_OPTIONS.items() if o.selects)
+                + "); leave selection.name random."
+            )
+        if getattr(self.strategy, "client_fraction", 1.0) >= 1.0:
+            raise _sentence(
+                f"selection.name is {name}, but strategy.client_fraction is 1: every client "
+                "takes part each round, so there is nobody to choose; set a fraction below 1."
+            )
         return self
 
     @model_validator(mode="after")

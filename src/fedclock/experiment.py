@@ -225,6 +225,7 @@ def _run_and_record(
         # the evaluators' own columns (CIS's exit accuracies), the client losses aside
         extra_columns=[c for c in recorder.columns[len(METRIC_COLUMNS):]
                        if c not in CLIENT_LOSS_COLUMNS],
+        availability=sim.population_has_availability,
     )  # fmt: skip
     return summary, error
 

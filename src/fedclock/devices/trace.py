@@ -663,8 +663,13 @@ def from_fedscale(
     notes = [
         f"source: FedScale client_device_capacity ({capacity.name})"
         + (f" and client_behave_trace ({behave.name})" if behave else ""),
-        f"reference: flops_per_s = {reference_flops:g} FLOPs per sample (MobileNet-V2 "
-        "inference, 224x224) / FedScale's ms per sample; bytes/s = kbit/s x 128",
+        f"reference: flops_per_s = {reference_flops:g} FLOPs per sample ("
+        + (
+            "MobileNet-V2 inference, 224x224"
+            if reference_flops == FEDSCALE_REFERENCE_FLOPS
+            else "a model's inference, --reference-flops: its per-sample time is FedScale's"
+        )
+        + ") / FedScale's ms per sample; bytes/s = kbit/s x 128",
         "note: FedScale's speeds are one model's inference latency, the same ratio for every "
         "model (FedScale issue #6)",
     ]

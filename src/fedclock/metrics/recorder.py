@@ -385,9 +385,11 @@ def summarize(
     target_accuracy: float | None,
     num_clients: int,
     extra_columns: Sequence[str] = (),
+    availability: bool = False,
 ) -> dict[str, Any]:
     """summary.json: the headline numbers of one run; each of ``extra_columns`` (evaluator
-    metrics such as ``cis_accuracy``) at the last evaluation."""
+    metrics such as ``cis_accuracy``) at the last evaluation; ``updates_lost`` on a fleet
+    with ``availability`` (0 included, so seeds and strategies compare) or where any was."""
     accs = [r["test_accuracy"] for r in history]
     last = history[-1] if history else None
     spent = float(counters.compute_s_spent)
@@ -419,7 +421,11 @@ def summarize(
         "updates_discarded": int(counters.updates_discarded),
         "updates_rejected": int(counters.updates_rejected),
         # lost when a device went offline (only with a trace's availability)
-        **({"updates_lost": int(counters.updates_lost)} if counters.updates_lost else {}),
+        **(
+            {"updates_lost": int(counters.updates_lost)}
+            if availability or counters.updates_lost
+            else {}
+        ),
         "mean_staleness": sum(k * v for k, v in stale.items()) / n_stale if n_stale else math.nan,
         "max_staleness": max(stale) if stale else math.nan,
         "staleness_histogram": {str(k): v for k, v in stale.items()},

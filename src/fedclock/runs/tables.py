@@ -96,6 +96,7 @@ HEADLINE: tuple[Metric, ...] = (
     Metric("virtual_time", "virtual time (s)", 4, True),
     Metric("aggregations", "aggregations", 4, True, console="always"),
     Metric("updates_discarded", "discarded", 4, False, console="accuracy"),
+    Metric("updates_lost", "lost offline", 4, False, console="accuracy"),
     Metric("useful_work_ratio", "useful work", 3, True, console="accuracy"),
     Metric("clients_participated", "clients heard", 4, True, console="accuracy", table=False),
 )  # fmt: skip

@@ -405,6 +405,11 @@ class Simulator:
         client's device goes offline."""
         return self.dispatch(self.prepare(client, self.model), execute=True)
 
+    @property
+    def population_has_availability(self) -> bool:
+        """Whether the population's devices come and go (a trace's availability)."""
+        return self._avail is not None
+
     def online(self, client: int) -> bool:
         """Whether ``client``'s device is online now (always, without availability)."""
         return self._avail is None or bool(self._avail.online(client, self.now))
@@ -427,8 +432,8 @@ class Simulator:
         if self._avail is None:
             return np.arange(n) if positions is None else np.asarray(positions)
         online = self._online_now()
-        if positions is None:
-            positions = np.arange(online.count)
+        if positions is None:  # every one: the flags, in one pass
+            return np.flatnonzero(online.on).astype(np.int64)
         return np.array([online.kth(int(k)) for k in positions], dtype=np.int64)
 
     def online_count(self) -> int:

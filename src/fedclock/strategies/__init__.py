@@ -208,8 +208,36 @@ STRATEGIES: dict[str, StrategySpec] = {
 
 def build_strategy(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     """The strategy ``cfg`` names, built from the fields it reads (those its strategy section
-    carries for the other strategies of a comparison left out)."""
-    return STRATEGIES[cfg.strategy.name].build(own_fields(cfg), info)
+    carries for the other strategies of a comparison left out), with the selection
+    ``cfg.selection`` names on its rounds."""
+    strategy = STRATEGIES[cfg.strategy.name].build(own_fields(cfg), info)
+    if cfg.selection.name != "random":
+        attach_selection(strategy, cfg, info)
+    return strategy
+
+
+def attach_selection(strategy: Strategy, cfg: ExperimentConfig, info: BuildInfo) -> None:
+    """Put the selection of ``cfg.selection`` on the strategy's rounds; its contributions
+    then carry the client statistics selection reads (``Needs.statistics``)."""
+    from dataclasses import replace
+
+    from fedclock.strategies.selection import Oort, TiFL
+
+    sel = cfg.selection
+    trigger = strategy.trigger
+    if not isinstance(trigger, SyncRounds):
+        raise ConfigError(
+            f"selection.name is {sel.name}, but strategy {strategy.name!r} has no rounds "
+            "that sample clients."
+        )
+    planner = strategy.planner
+    if sel.name == "oort":
+        trigger.selection = Oort(
+            planner, sizes=info.client_sizes, **{f: getattr(sel, f) for f in sel.OORT}
+        )
+    else:
+        trigger.selection = TiFL(planner, **{f: getattr(sel, f) for f in sel.TIFL})
+    strategy.needs = replace(strategy.needs, statistics=True)
 
 
 __all__ = [

@@ -10,6 +10,7 @@ import numpy as np
 from fedclock.sim.simulator import Context
 from fedclock.sim.types import Contribution, Task
 from fedclock.strategies.base import RoundWork, Work
+from fedclock.strategies.selection import Selection
 
 
 def select_clients(
@@ -56,6 +57,7 @@ class SyncRounds:
         "_arrived",
         "_cut",
         "_hold",
+        "_dispatched",
     )
 
     def __init__(
@@ -64,17 +66,23 @@ class SyncRounds:
         client_fraction: float = 1.0,
         t_max: float | None = None,
         work: RoundWork | None = None,
+        selection: Selection | None = None,
     ) -> None:
         self.client_fraction = client_fraction
         self.t_max = t_max
         self.work = work
+        # whom a round asks (strategies/selection.py: Oort, TiFL); None: uniformly
+        self.selection = selection
         self.round = 0
         self._outstanding: dict[int, Task] = {}
         self._arrived: list[Contribution] = []
         self._cut: list[Task] = []  # participants with nothing to send, working until t_max
         self._hold = False  # the round closes at its deadline, not at the last arrival
+        self._dispatched: list[Task] = []  # the round's tasks (what a selection hears of)
 
     def on_start(self, ctx: Context) -> None:
+        if self.selection is not None:
+            self.selection.setup(ctx)
         self._start_round(ctx)
 
     def _start_round(self, ctx: Context) -> None:
@@ -87,7 +95,12 @@ class SyncRounds:
     def _dispatch_round(self, ctx: Context) -> bool:
         """Start round ``self.round``; False if it has nothing to wait for."""
         r = self.round
-        if ctx.has_availability:
+        if self.selection is not None:
+            got = self._selected(ctx, r)
+            if got is None:
+                return True
+            clients = got
+        elif ctx.has_availability:
             got = self._online_clients(ctx, r)
             if got is None:  # nobody online: the round starts when someone is
                 return True
@@ -123,6 +136,8 @@ class SyncRounds:
             late_any |= late
             ctx.dispatch(task, execute=not late)
             self._outstanding[task.task_id] = task
+        if self.selection is not None:
+            self._dispatched = [*self._outstanding.values(), *self._cut]
         self._hold = hold
         if deadline is not None and (hold or late_any):
             ctx.set_timer(deadline, r)
@@ -146,6 +161,23 @@ class SyncRounds:
         return np.sort(
             ctx.online_clients(ctx.rng("select", r).choice(count, size=m, replace=False))
         )
+
+    def _selected(self, ctx: Context, r: int) -> np.ndarray | None:
+        """With a selection: its m = max(1, ⌊C·N⌋) participants among the online devices
+        (every client without availability); None when none is online (a timer starts the
+        round when one is)."""
+        if ctx.has_availability:
+            candidates = ctx.online_clients()
+            if not len(candidates):
+                wake = ctx.next_any_online()
+                if np.isfinite(wake):
+                    ctx.set_timer(wake, ("wake", r))
+                return None
+        else:
+            candidates = np.arange(ctx.num_clients)
+        m = max(1, int(self.client_fraction * ctx.num_clients + 1e-9))
+        assert self.selection is not None
+        return self.selection.select(ctx, r, candidates, min(m, len(candidates)))
 
     def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
         del self._outstanding[contribution.task.task_id]
@@ -177,7 +209,11 @@ class SyncRounds:
 
     def _close(self, ctx: Context) -> None:
         # contributions in arrival order; sort by client so the sum order is fixed
-        ctx.commit(sorted(self._arrived, key=lambda c: c.client))
+        used = sorted(self._arrived, key=lambda c: c.client)
+        if self.selection is not None:  # what the round's participants sent up
+            self.selection.on_round(ctx, self.round, used, self._dispatched)
+            self._dispatched = []
+        ctx.commit(used)
         self.round += 1
         if not ctx.stopping:
             self._start_round(ctx)

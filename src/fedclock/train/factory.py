@@ -86,18 +86,23 @@ def make_executor(
         trains_fully=needs.suffix_trains_fully, persistent_momentum=needs.momentum_per_client,
         momentum_store=momentum_store if needs.momentum_per_client else None,
     )  # fmt: skip
-    if kind == "serial":
-        return serial
-    reason = unsupported_model_reason(model)
+    executor: SerialExecutor | VectorizedExecutor = serial
+    reason = "serial executor asked for" if kind == "serial" else unsupported_model_reason(model)
     if reason is None and needs.partial and any(True for _ in model.buffers()):
         reason = "partial work on a model with buffers is not batched"
-    if reason is not None:
+    if reason is None:
+        executor = VectorizedExecutor(
+            model, data, seed=seed, local=local, device=dev, max_batch_clients=max_batch_clients,
+            delta_views=needs.synchronous, layout=needs.layout,
+            trains_fully=needs.suffix_trains_fully,
+            momentum_store=serial.momentum_store if needs.momentum_per_client else None,
+            scaled=hidden_modules(model) if needs.partial else (), serial=serial,
+        )  # fmt: skip
+    elif kind != "serial":
         log.info("vectorized executor unavailable (%s); using the serial executor", reason)
-        return serial
-    return VectorizedExecutor(
-        model, data, seed=seed, local=local, device=dev, max_batch_clients=max_batch_clients,
-        delta_views=needs.synchronous, layout=needs.layout,
-        trains_fully=needs.suffix_trains_fully,
-        momentum_store=serial.momentum_store if needs.momentum_per_client else None,
-        scaled=hidden_modules(model) if needs.partial else (), serial=serial,
-    )  # fmt: skip
+    if needs.statistics:  # what the client sends up besides Δ (speed-aware selection)
+        from fedclock.train.statistics import StatisticsExecutor
+
+        wrapped = StatisticsExecutor(executor, model, data, seed=seed, loss=local.loss, device=dev)
+        return wrapped  # type: ignore[return-value]
+    return executor

@@ -246,7 +246,10 @@ class Needs:
     ``proximal_mu``: the μ of a proximal term the strategy's local objective adds
     (FedProx; overrides :attr:`LocalTraining.proximal_mu`); ``terms``: further gradient
     terms of its local objective (:class:`GradientTerm`, e.g. SCAFFOLD's correction), which
-    read the tensors its tasks carry down (:attr:`Task.down <fedclock.sim.types.Task.down>`).
+    read the tensors its tasks carry down (:attr:`Task.down <fedclock.sim.types.Task.down>`);
+    ``statistics``: each contribution carries the client's selection statistics
+    (:mod:`fedclock.train.statistics`: losses of the received model on its first epoch's
+    samples), which speed-aware selection reads.
     """
 
     shapes: frozenset[type[WorkShape]] = frozenset({type(FULL)})
@@ -257,6 +260,7 @@ class Needs:
     deadline: float | None = None
     proximal_mu: float = 0.0
     terms: tuple[GradientTerm, ...] = ()
+    statistics: bool = False
 
     @property
     def partial(self) -> bool:

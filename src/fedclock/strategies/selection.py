@@ -1,0 +1,434 @@
+"""Client selection: whom a synchronous round asks (docs/methods/selection.md).
+
+A :class:`Selection` chooses a round's m participants among the candidates (the devices
+online at the round's start, or every client) and learns from the round's outcome. Without
+one, :class:`~fedclock.strategies.triggers.SyncRounds` draws them uniformly (McMahan et al.).
+Expected task times come from the cost model (the client's nominal task on its device), and
+what a client's data is worth from the statistics its contribution carries up
+(:mod:`fedclock.train.statistics`), never from the server looking at client data.
+
+- :class:`Oort` (Lai et al., OSDI'21; FedScale's ``thirdparty/oort``): exploitation by
+  statistical utility plus a temporal-uncertainty bonus, penalised by (T/t_i)^α for clients
+  slower than the preferred round duration T; T follows a pacer; ε-greedy exploration of
+  clients never heard from, ε = max(0.9·0.98^r, 0.3).
+- :class:`TiFL` (Chai et al., HPDC'20): latency tiers, one tier per round drawn with
+  accuracy-driven probabilities (Alg. 2), credits bounding each tier's rounds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from fedclock.sim.simulator import Context
+from fedclock.sim.types import Contribution, Task
+
+
+class Selection(Protocol):
+    """Whom round ``r`` asks: ``select`` returns m of ``candidates`` (sorted client ids);
+    ``on_round`` hears the round's used contributions and every task it dispatched."""
+
+    def setup(self, ctx: Context) -> None: ...
+
+    def select(self, ctx: Context, r: int, candidates: np.ndarray, m: int) -> np.ndarray: ...
+
+    def on_round(
+        self, ctx: Context, r: int, used: Sequence[Contribution], tasks: Sequence[Task]
+    ) -> None: ...
+
+
+def expected_durations(ctx: Context, planner: Any) -> np.ndarray:
+    """Each client's nominal task duration on its device (download + compute + upload, the
+    cost model without the random slowdown): what a server that profiled its fleet knows."""
+    pop = ctx.population
+    return np.array(
+        [pop.nominal_timing(c, planner.nominal(c)[1]).duration for c in range(ctx.num_clients)]
+    )
+
+
+def weighted_sample(rng: np.random.Generator, weights: np.ndarray, k: int) -> np.ndarray:
+    """k positions drawn without replacement with probability ∝ ``weights`` at each draw
+    (successive sampling, as numpy's ``choice(p=…, replace=False)``), by Efraimidis and
+    Spirakis' keys log(u)/w: the k largest, largest first (O(n)). Zero weights come last,
+    in position order."""
+    n = len(weights)
+    k = min(k, n)
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    u = rng.random(n)
+    live = weights > 0
+    with np.errstate(divide="ignore", over="ignore"):
+        keys = np.where(live, np.log(u) / np.where(live, weights, 1.0), -np.inf)
+    top = np.arange(n) if k == n else np.argpartition(-keys, k - 1)[:k]
+    if not live[top].all():  # fewer positive weights than k: zero weights by position
+        top = np.concatenate([np.flatnonzero(live), np.flatnonzero(~live)])[:k]
+    return top[np.lexsort((top, -keys[top], ~live[top]))]
+
+
+def top_positions(values: np.ndarray, k: int) -> np.ndarray:
+    """The positions of the k largest ``values``, largest first, ties by position (O(n))."""
+    n = len(values)
+    k = min(k, n)
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if k < n:
+        kth = np.partition(values, n - k)[n - k]
+        above = np.flatnonzero(values > kth)
+        at = np.flatnonzero(values == kth)[: k - len(above)]
+        top = np.concatenate([above, at])
+    else:
+        top = np.arange(n)
+    return top[np.lexsort((top, -values[top]))]
+
+
+# ------------------------------------------------------------------ Oort
+def oort_scores(
+    reward: np.ndarray,
+    duration: np.ndarray,
+    time_stamp: np.ndarray,
+    cur_round: int,
+    *,
+    preferred: float,
+    penalty: float,
+    clip_bound: float,
+    norm_rewards: np.ndarray,
+) -> np.ndarray:
+    """Oort's exploitation score of explored clients (FedScale ``getTopK``):
+
+        s_i = (min(R_i, clip) − R_min)/(R_max − R_min) + √(0.1·ln(r)/L_i),
+        s_i ← s_i · (T/t_i)^α  if t_i > T,
+
+    R_i the client's last statistical utility, L_i the round it was last heard from, r the
+    current round (from 1), t_i its last duration, T the preferred round duration; the
+    normalisation (clip at the ``clip_bound`` quantile, R_min·0.999, range ≥ 1e-4) runs over
+    ``norm_rewards`` (the positive rewards of every feasible client)."""
+    if len(norm_rewards):
+        q = min(int(len(norm_rewards) * clip_bound), len(norm_rewards) - 1)
+        clip = float(np.partition(norm_rewards, q)[q])  # the sorted list's q-th (O(n))
+        lo = float(norm_rewards.min()) * 0.999
+        span = max(float(norm_rewards.max()) - lo, 1e-4)
+    else:
+        clip, lo, span = math.inf, 0.0, 1.0
+    sc = (np.minimum(reward, clip) - lo) / span + np.sqrt(
+        0.1 * math.log(cur_round) / np.maximum(time_stamp, 1)
+    )
+    slow = duration > preferred
+    sc = np.where(slow, sc * (preferred / np.maximum(duration, 1e-4)) ** penalty, sc)
+    return np.abs(sc)
+
+
+class Oort:
+    """Oort's training selector over fedclock's rounds (FedScale's defaults).
+
+    Every client is registered at the start with its reward = the samples of one epoch
+    (FedScale: min(n_i, steps·B)) and its duration = its nominal task time (the cost model).
+    After a round each used contribution sets its client's reward to its statistical utility,
+    its duration to the task's duration, its round L_i, and marks it explored.
+
+    Where FedScale's code leaves a case open we chose: when too few unexplored clients are
+    online to fill the exploration share, exploitation takes the rest (FedScale re-sends the
+    previous round's explored list); a round with no explored client yet takes every slot by
+    exploration (FedScale indexes an empty list there); over-commitment (FedScale's 1.3×) is
+    not applied — the trigger decides what late participants cost.
+    """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = (
+        "reward", "duration", "time_stamp", "count", "exploration", "round_threshold",
+        "explore_clients", "exploit_clients", "successful", "exploit_history",
+        "explore_history", "last_util_record", "sorted_duration",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        planner: Any,
+        sizes: np.ndarray,
+        *,
+        exploration_factor: float = 0.9,
+        exploration_decay: float = 0.98,
+        exploration_min: float = 0.3,
+        round_threshold: float = 30.0,
+        round_penalty: float = 2.0,
+        clip_bound: float = 0.9,
+        cut_off_util: float = 0.05,
+        pacer_step: int = 20,
+        pacer_delta: float = 5.0,
+        sample_window: float = 5.0,
+        blacklist_rounds: int = -1,
+        blacklist_max_len: float = 0.3,
+    ) -> None:
+        self.planner = planner
+        self.sizes = np.asarray(sizes)
+        self.exploration_decay = exploration_decay
+        self.exploration_min = exploration_min
+        self.round_penalty = round_penalty
+        self.clip_bound = clip_bound
+        self.cut_off_util = cut_off_util
+        self.pacer_step = pacer_step
+        self.pacer_delta = pacer_delta
+        self.sample_window = sample_window
+        self.blacklist_rounds = blacklist_rounds
+        self.blacklist_max_len = blacklist_max_len
+        self.exploration = exploration_factor
+        self.round_threshold = round_threshold
+        self.reward = np.zeros(0)
+        self.duration = np.zeros(0)
+        self.time_stamp = np.zeros(0, dtype=np.int64)
+        self.count = np.zeros(0, dtype=np.int64)
+        self.sorted_duration = np.zeros(0)  # every client's duration, ascending (for T)
+        self.explore_clients: list[int] = []
+        self.exploit_clients: list[int] = []
+        self.successful: list[int] = []  # heard from since the last selection
+        self.exploit_history: list[float] = []
+        self.explore_history: list[float] = []
+        self.last_util_record = 0
+
+    def setup(self, ctx: Context) -> None:
+        n = ctx.num_clients
+        # the samples of one epoch (FedScale registers min(n_i, steps·B))
+        samples = np.array([self.planner.nominal(c)[0].samples for c in range(n)])
+        self.reward = np.minimum(self.sizes[:n], samples).astype(np.float64)
+        self.duration = expected_durations(ctx, self.planner)
+        self.sorted_duration = np.sort(self.duration)
+        self.time_stamp = np.zeros(n, dtype=np.int64)
+        self.count = np.zeros(n, dtype=np.int64)
+
+    # -- the pacer (FedScale ``pacer``): widen T when the exploited utility stalls
+    def _pacer(self, cur: int) -> None:
+        heard = set(self.successful)
+
+        def mean_util(clients: list[int]) -> float:
+            got = [self.reward[c] for c in clients if c in heard]
+            return float(sum(got)) / (1e-4 + len(got))
+
+        self.explore_history.append(mean_util(self.explore_clients))
+        self.exploit_history.append(mean_util(self.exploit_clients))
+        self.successful = []
+        step = self.pacer_step
+        if cur >= 2 * step and cur % step == 0:
+            last = sum(self.exploit_history[-2 * step : -step])
+            now = sum(self.exploit_history[-step:])
+            if abs(now - last) <= last * 0.1:  # flat: admit slower clients
+                self.round_threshold = min(100.0, self.round_threshold + self.pacer_delta)
+                self.last_util_record = cur - step
+            elif abs(now - last) >= last * 5:  # sharp change: prefer faster ones again
+                self.round_threshold = max(
+                    self.pacer_delta, self.round_threshold - self.pacer_delta
+                )
+                self.last_util_record = cur - step
+
+    def preferred_duration(self) -> float:
+        """T: the round_threshold-th percentile of every client's duration (inf at 100)."""
+        if self.round_threshold >= 100.0:
+            return math.inf
+        n = len(self.sorted_duration)
+        k = min(int(n * self.round_threshold / 100.0), n - 1)
+        return float(self.sorted_duration[k])
+
+    def _blacklist(self) -> np.ndarray:
+        if self.blacklist_rounds < 0:
+            return np.zeros(len(self.count), dtype=bool)
+        over = np.flatnonzero(self.count > self.blacklist_rounds)
+        over = over[np.argsort(-self.count[over], kind="stable")]
+        over = over[: int(self.blacklist_max_len * len(self.count))]
+        out = np.zeros(len(self.count), dtype=bool)
+        out[over] = True
+        return out
+
+    def select(self, ctx: Context, r: int, candidates: np.ndarray, m: int) -> np.ndarray:
+        cur = r + 1  # FedScale's rounds count from 1
+        self._pacer(cur)
+        rng = ctx.rng("oort", r)
+        feasible = candidates
+        if self.blacklist_rounds >= 0:
+            feasible = candidates[~self._blacklist()[candidates]]
+        preferred = self.preferred_duration()
+        everyone = len(feasible) == len(self.count)  # (the whole population: no gathers)
+        rewards = self.reward if everyone else self.reward[feasible]
+        heard = (self.count if everyone else self.count[feasible]) > 0
+        explored, unexplored = feasible[heard], feasible[~heard]
+        scores = oort_scores(
+            self.reward[explored], self.duration[explored], self.time_stamp[explored], cur,
+            preferred=preferred, penalty=self.round_penalty, clip_bound=self.clip_bound,
+            norm_rewards=rewards[rewards > 0],
+        )  # fmt: skip
+        self.exploration = max(self.exploration * self.exploration_decay, self.exploration_min)
+        explore_len = min(int(m * self.exploration), len(unexplored))
+        exploit_len = min(m - explore_len, len(explored))
+        explore_len = min(len(unexplored), m - exploit_len)  # (unfilled slots: exploration)
+        # exploitation: the clients from the top down to cut_off_util of the exploit_len-th
+        # score (and at least the top 10·exploit_len + 1), sampled ∝ score
+        exploit = np.zeros(0, dtype=np.int64)
+        if exploit_len > 0:
+            n = len(scores)
+            if exploit_len < n:
+                kth = float(np.partition(scores, n - 1 - exploit_len)[n - 1 - exploit_len])
+                pool = scores >= kth * self.cut_off_util
+                pool[top_positions(scores, int(10 * exploit_len) + 1)] = True
+                where = np.flatnonzero(pool)
+            else:
+                where = np.arange(n)
+            exploit = explored[where[weighted_sample(rng, scores[where], exploit_len)]]
+        # exploration: unexplored clients by their (penalised) size, the top
+        # sample_window·explore_len of them, sampled ∝ it
+        explore = np.zeros(0, dtype=np.int64)
+        if explore_len > 0:
+            init = self.reward[unexplored].copy()
+            d = self.duration[unexplored]
+            slow = d > preferred
+            init[slow] *= (preferred / np.maximum(d[slow], 1e-4)) ** self.round_penalty
+            window = top_positions(init, int(self.sample_window * explore_len))
+            explore = unexplored[window[weighted_sample(rng, init[window], explore_len)]]
+        self.exploit_clients = [int(c) for c in exploit]
+        self.explore_clients = [int(c) for c in explore]
+        return np.sort(np.concatenate([explore, exploit]).astype(np.int64))
+
+    def on_round(
+        self, ctx: Context, r: int, used: Sequence[Contribution], tasks: Sequence[Task]
+    ) -> None:
+        from fedclock.train.statistics import statistics_of, utility
+
+        old, new = [], []
+        for c in used:
+            stats = statistics_of(c)
+            if stats is None:
+                continue
+            i = c.client
+            self.reward[i] = utility(stats)
+            old.append(self.duration[i])
+            self.duration[i] = new_d = c.task.timing.duration
+            new.append(new_d)
+            self.time_stamp[i] = r + 1
+            self.count[i] += 1
+            self.successful.append(i)
+        if old:  # the sorted durations, updated in two O(N) passes (not re-sorted)
+            s = self.sorted_duration
+            gone = np.searchsorted(s, np.sort(old))
+            gone += np.arange(len(gone)) - np.searchsorted(gone, gone)  # repeated values
+            s = np.delete(s, gone)
+            add = np.sort(np.array(new))
+            self.sorted_duration = np.insert(s, np.searchsorted(s, add), add)
+
+
+# ------------------------------------------------------------------ TiFL
+def latency_tiers(durations: np.ndarray, tiers: int) -> np.ndarray:
+    """Each client's tier 0..k−1 by expected latency, fastest first, equal-count tiers
+    (ties by client id): TiFL's profiling groups clients of similar response latency."""
+    n = len(durations)
+    k = max(1, min(tiers, n))
+    order = np.lexsort((np.arange(n), durations))
+    out = np.empty(n, dtype=np.int64)
+    out[order] = (np.arange(n) * k) // max(n, 1)
+    return out
+
+
+def tifl_probabilities(accuracy: np.ndarray, credits: np.ndarray | None) -> np.ndarray:
+    """TiFL's ChangeProbs (Alg. 2): the n tiers with credits left, sorted by accuracy
+    ascending, get probabilities n/D, (n−1)/D, …, 1/D with D = n(n+1)/2 (the least accurate
+    tier most often); tiers without credits get 0. Ties keep tier order."""
+    k = len(accuracy)
+    live = np.ones(k, dtype=bool) if credits is None else credits > 0
+    if not live.any():
+        live = np.ones(k, dtype=bool)
+    idx = np.flatnonzero(live)
+    order = idx[np.lexsort((idx, accuracy[idx]))]
+    n = len(order)
+    probs = np.zeros(k)
+    probs[order] = (n - np.arange(n)) / (n * (n + 1) / 2)
+    return probs
+
+
+class TiFL:
+    """TiFL's adaptive tier selection (Chai et al., HPDC'20, Alg. 2).
+
+    Clients are put in ``tiers`` latency tiers by their nominal task time (the cost model).
+    Each round draws one tier with the current probabilities (uniform at first) among the
+    tiers with credits left, spends one of its credits, and selects m of its online clients
+    uniformly. Every ``interval`` rounds, if the accuracy of the tier selected that round
+    did not improve on its accuracy ``interval`` rounds before, the probabilities are set by
+    :func:`tifl_probabilities` from every tier's latest accuracy.
+
+    Our choices where the paper leaves room: a tier's accuracy is that of the received model
+    on the first-epoch samples of the tier's latest participants (their statistics; the
+    paper evaluates each tier's test data every round); a tier with fewer than m online
+    clients is topped up from its nearest tiers (faster first); credits default to
+    unlimited; a tier never selected yet has accuracy 0 (it is preferred).
+    """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = (
+        "tier_of", "probs", "credits", "accuracy", "history", "chosen",
+    )  # fmt: skip
+
+    def __init__(
+        self, planner: Any, *, tiers: int = 5, interval: int = 10, credits: int | None = None
+    ) -> None:
+        self.planner = planner
+        self.tiers = tiers
+        self.interval = interval
+        self.initial_credits = credits
+        self.tier_of = np.zeros(0, dtype=np.int64)
+        self.probs = np.zeros(0)
+        self.credits: np.ndarray | None = None
+        self.accuracy = np.zeros(0)  # each tier's latest accuracy
+        self.history: list[list[float]] = []  # the accuracies known at each round
+        self.chosen: list[int] = []  # the tier of each round
+
+    def setup(self, ctx: Context) -> None:
+        self.tier_of = latency_tiers(expected_durations(ctx, self.planner), self.tiers)
+        k = int(self.tier_of.max()) + 1 if len(self.tier_of) else 1
+        self.probs = np.full(k, 1.0 / k)
+        self.accuracy = np.zeros(k)
+        if self.initial_credits is not None:
+            self.credits = np.full(k, self.initial_credits, dtype=np.int64)
+
+    def select(self, ctx: Context, r: int, candidates: np.ndarray, m: int) -> np.ndarray:
+        k = len(self.probs)
+        i = self.interval
+        # every I rounds: the tier of the last round did not improve on its accuracy I
+        # rounds before → probabilities from every tier's accuracy (Alg. 2, lines 3–5)
+        if r % i == 0 and len(self.history) > i:
+            t = self.chosen[-1]
+            if self.history[-1][t] <= self.history[-1 - i][t]:
+                self.probs = tifl_probabilities(self.accuracy, self.credits)
+        rng = ctx.rng("tifl", r)
+        p = self.probs.copy()
+        if self.credits is not None:
+            p[self.credits <= 0] = 0.0
+        if p.sum() <= 0:  # no tier has credits (or probability) left: every tier
+            p = np.ones(k)
+        tier = int(rng.choice(k, p=p / p.sum()))
+        if self.credits is not None and self.credits[tier] > 0:
+            self.credits[tier] -= 1
+        self.chosen.append(tier)
+        # m online clients of the tier, topped up from the nearest tiers (faster first)
+        picked: list[np.ndarray] = []
+        need = m
+        for t in sorted(range(k), key=lambda t: (abs(t - tier), t)):
+            pool = candidates[self.tier_of[candidates] == t]
+            if not len(pool):
+                continue
+            take = min(need, len(pool))
+            picked.append(pool[rng.choice(len(pool), size=take, replace=False)])
+            need -= take
+            if need == 0:
+                break
+        return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
+
+    def on_round(
+        self, ctx: Context, r: int, used: Sequence[Contribution], tasks: Sequence[Task]
+    ) -> None:
+        from fedclock.train.statistics import statistics_of
+
+        right = np.zeros(len(self.accuracy))
+        seen = np.zeros(len(self.accuracy))
+        for c in used:
+            stats = statistics_of(c)
+            if stats is not None:
+                t = self.tier_of[c.client]
+                right[t] += stats["correct"]
+                seen[t] += stats["samples"]
+        heard = seen > 0
+        self.accuracy[heard] = right[heard] / seen[heard]
+        self.history.append(self.accuracy.tolist())

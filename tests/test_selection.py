@@ -1,0 +1,323 @@
+"""Speed-aware selection (strategies/selection.py, train/statistics.py): Oort's scores,
+pacer and exploration and TiFL's tiers, credits and probabilities against hand-computed
+cases; the client statistics from both executors; selection in runs (config checks,
+availability, reproducibility)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedclock.config import load_config
+from fedclock.errors import ConfigError
+from fedclock.experiment import run_experiment
+from fedclock.strategies.selection import (
+    Oort,
+    TiFL,
+    latency_tiers,
+    oort_scores,
+    tifl_probabilities,
+    top_positions,
+    weighted_sample,
+)
+from fedclock.train.statistics import (
+    SELECTION_STATS,
+    STAT_NAMES,
+    segment_statistics,
+    statistics_of,
+    utility,
+)
+from tests.conftest import tiny_raw
+
+
+# ------------------------------------------------------------------ helpers
+class _Ctx:
+    """What a selection reads of the simulator's context: the round's random stream."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.num_clients = n
+        self.seed = seed
+
+    def rng(self, purpose: str, *ids: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, hash(purpose) % 1000, *ids])
+
+
+def _oort(n: int, **kw: Any) -> Oort:
+    o = Oort(planner=None, sizes=np.full(n, 100), **kw)
+    o.reward = np.full(n, 100.0)
+    o.duration = np.arange(1, n + 1, dtype=np.float64)
+    o.time_stamp = np.zeros(n, dtype=np.int64)
+    o.count = np.zeros(n, dtype=np.int64)
+    o.sorted_duration = np.sort(o.duration)
+    return o
+
+
+def _contribution(client: int, loss_sq: float, samples: float, correct: float, dur: float) -> Any:
+    values = torch.tensor([loss_sq, 0.0, correct, samples], dtype=torch.float64)
+    task = SimpleNamespace(timing=SimpleNamespace(duration=dur))
+    return SimpleNamespace(client=client, up={SELECTION_STATS: {"values": values}}, task=task)
+
+
+# ------------------------------------------------------------------ Oort
+def test_oort_utility_is_size_times_root_mean_square_loss() -> None:
+    """|B|·√(Σ loss²/|B|): losses 1, 2, 2 → 3·√(9/3) = 3√3 (segment 1); segment 2 holds
+    one sample of loss 3."""
+    losses = torch.tensor([1.0, 2.0, 2.0, 3.0], dtype=torch.float64)
+    table = segment_statistics(losses, torch.tensor([True, False, True, False]), [3, 1])
+    first = dict(zip(STAT_NAMES, table[0].tolist(), strict=True))
+    assert first == {"loss_sq_sum": 9.0, "loss_sum": 5.0, "correct": 2.0, "samples": 3.0}
+    assert table[1].tolist() == [9.0, 3.0, 0.0, 1.0]
+    assert utility(first) == pytest.approx(3 * math.sqrt(3), rel=1e-15)
+
+
+def test_oort_scores_by_hand() -> None:
+    """Three explored clients at round 5, rewards 2, 4, 10, last heard in rounds 1, 2, 4,
+    durations 1, 2, 8, preferred T = 4, α = 2; normalisation over rewards 2, 4, 10 with the
+    clip at the 0.9 quantile (position int(3·0.9) = 2: 10)."""
+    reward = np.array([2.0, 4.0, 10.0])
+    sc = oort_scores(
+        reward, np.array([1.0, 2.0, 8.0]), np.array([1, 2, 4]), 5,
+        preferred=4.0, penalty=2.0, clip_bound=0.9, norm_rewards=reward,
+    )  # fmt: skip
+    lo, span = 2 * 0.999, 10 - 2 * 0.999
+    want = [
+        (2 - lo) / span + math.sqrt(0.1 * math.log(5) / 1),
+        (4 - lo) / span + math.sqrt(0.1 * math.log(5) / 2),
+        ((10 - lo) / span + math.sqrt(0.1 * math.log(5) / 4)) * (4 / 8) ** 2,  # slower than T
+    ]
+    np.testing.assert_allclose(sc, want, rtol=1e-14)
+
+
+def test_oort_clips_rewards_at_the_quantile() -> None:
+    """Ten rewards 1..10, clip_bound 0.5: the clip is the sorted value at position 5 (6); a
+    reward of 10 scores as 6."""
+    reward = np.arange(1.0, 11.0)
+    sc = oort_scores(reward, np.ones(10), np.ones(10, dtype=np.int64), 1, preferred=math.inf,
+                     penalty=2.0, clip_bound=0.5, norm_rewards=reward)  # fmt: skip
+    assert sc[9] == sc[5] and sc[4] < sc[5]
+
+
+def test_oort_first_round_explores_every_slot_then_exploration_decays() -> None:
+    """Round 1: nobody explored, every slot goes to exploration (the largest rewards first
+    within the window); ε decays 0.9·0.98^r down to 0.3."""
+    o = _oort(50)
+    o.reward[:10] = 1000.0  # ten big clients: the exploration window of 5·4 = 20 holds them
+    picked = o.select(_Ctx(50), 0, np.arange(50), 4)
+    assert len(picked) == 4 and len(set(picked.tolist())) == 4
+    assert o.explore_clients and not o.exploit_clients
+    assert o.exploration == pytest.approx(0.9 * 0.98)
+    for r in range(1, 100):
+        o.select(_Ctx(50), r, np.arange(50), 4)
+    assert o.exploration == pytest.approx(max(0.9 * 0.98**100, 0.3))
+
+
+def test_oort_exploits_heard_clients_and_fills_unexplored_shortfall() -> None:
+    """With every client heard from, all m slots are exploitation (none left to explore);
+    the slow client is penalised to near zero and the high-utility ones are preferred."""
+    n = 30
+    o = _oort(n, round_threshold=50.0)
+    o.count[:] = 1
+    o.time_stamp[:] = 1
+    o.reward = np.linspace(1.0, 30.0, n)
+    o.duration = np.ones(n)
+    o.duration[-1] = 1000.0  # the highest reward, but far slower than T
+    o.sorted_duration = np.sort(o.duration)
+    counts = np.zeros(n)
+    for r in range(1, 201):
+        picked = o.select(_Ctx(n, seed=r), r, np.arange(n), 3)
+        assert len(picked) == 3 and not o.explore_clients
+        counts[picked] += 1
+    assert counts[-1] < counts[-2] / 10  # (T/t)^2 = (1/1000)^2: almost never
+    assert counts[20:29].sum() > counts[:9].sum()  # higher utility, picked more
+
+
+def test_oort_pacer_relaxes_the_preferred_duration_when_utility_is_flat() -> None:
+    """Pacer step 2: at round 4 the exploited utility of rounds 3–4 equals that of 1–2
+    (within 10 %) → round_threshold + Δ; a sharp (≥ 5×) change lowers it again."""
+    o = _oort(10, pacer_step=2, pacer_delta=5.0, round_threshold=30.0)
+    o.exploit_history = [1.0, 1.0, 1.0]
+    o.exploit_clients, o.successful = [0], [0]
+    o.reward[0] = 1.0
+    o._pacer(4)
+    assert o.exploit_history[-1] == pytest.approx(1 / (1 + 1e-4))
+    assert o.round_threshold == 35.0 and o.last_util_record == 2
+    o.exploit_history = [1.0, 1.0, 10.0]
+    o.exploit_clients, o.successful = [0], [0]
+    o.reward[0] = 10.0
+    o._pacer(6)
+    assert o.round_threshold == 30.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=6, max_size=6),
+       st.lists(st.tuples(st.integers(0, 5), st.integers(1, 4)), max_size=12))  # fmt: skip
+def test_oort_keeps_its_sorted_durations_in_step(start: list[int], feedback: list[Any]) -> None:
+    """The sorted durations T is read from, updated in place, equal a fresh sort after any
+    round's feedback (repeated values included)."""
+    o = _oort(6)
+    o.duration = np.array(start, dtype=np.float64)
+    o.sorted_duration = np.sort(o.duration)
+    used = {c: _contribution(c, 1.0, 1.0, 1.0, float(d)) for c, d in feedback}  # one per client
+    o.on_round(_Ctx(6), 0, list(used.values()), [])
+    np.testing.assert_array_equal(o.sorted_duration, np.sort(o.duration))
+
+
+def test_oort_preferred_duration_is_the_threshold_percentile() -> None:
+    o = _oort(10, round_threshold=30.0)  # durations 1..10: position int(10·0.3) = 3 → 4
+    assert o.preferred_duration() == 4.0
+    o.round_threshold = 100.0
+    assert o.preferred_duration() == math.inf
+
+
+def test_oort_feedback_sets_utility_duration_and_round() -> None:
+    o = _oort(4)
+    o.on_round(_Ctx(4), 6, [_contribution(2, loss_sq=8.0, samples=2.0, correct=1.0, dur=3.5)], [])
+    assert o.reward[2] == pytest.approx(4.0)  # √(2·8)
+    assert o.duration[2] == 3.5 and o.time_stamp[2] == 7 and o.count[2] == 1
+    assert o.successful == [2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 5), min_size=1, max_size=30), st.integers(0, 35), st.integers(0, 9))
+def test_weighted_sample_draws_distinct_positions_zero_weights_last(
+    weights: list[float], k: int, seed: int
+) -> None:
+    w = np.array(weights)
+    got = weighted_sample(np.random.default_rng(seed), w, k)
+    assert len(got) == min(k, len(w)) and len(set(got.tolist())) == len(got)
+    positive = int((w > 0).sum())
+    if len(got) <= positive:  # a zero weight is drawn only once every positive one is
+        assert (w[got] > 0).all()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=0, max_size=40), st.integers(0, 45))
+def test_top_positions_is_a_stable_descending_sort(values: list[int], k: int) -> None:
+    v = np.array(values, dtype=np.float64)
+    want = sorted(range(len(v)), key=lambda i: (-v[i], i))[:k]
+    assert top_positions(v, k).tolist() == want
+
+
+def test_weighted_sample_first_draw_is_proportional_to_weight() -> None:
+    """Successive sampling: the first position is drawn with probability w/Σw (20,000
+    draws, three standard errors)."""
+    w = np.array([1.0, 2.0, 3.0, 4.0])
+    rng = np.random.default_rng(1)
+    first = np.array([weighted_sample(rng, w, 2)[0] for _ in range(20_000)])
+    freq = np.bincount(first, minlength=4) / len(first)
+    p = w / w.sum()
+    assert np.all(np.abs(freq - p) < 3 * np.sqrt(p * (1 - p) / len(first)) + 1e-3)
+
+
+# ------------------------------------------------------------------ TiFL
+def test_latency_tiers_are_equal_count_fastest_first() -> None:
+    tiers = latency_tiers(np.array([5.0, 1.0, 3.0, 2.0, 4.0, 6.0]), 3)
+    assert tiers.tolist() == [2, 0, 1, 0, 1, 2]
+
+
+def test_tifl_probabilities_by_hand() -> None:
+    """Accuracies 0.8, 0.5, 0.9: ascending tier 1, 0, 2 → 3/6, 2/6, 1/6; with tier 1 out of
+    credits: n = 2 → tier 0 2/3, tier 2 1/3, tier 1 0."""
+    acc = np.array([0.8, 0.5, 0.9])
+    np.testing.assert_allclose(tifl_probabilities(acc, None), [2 / 6, 3 / 6, 1 / 6])
+    np.testing.assert_allclose(tifl_probabilities(acc, np.array([3, 0, 1])), [2 / 3, 0, 1 / 3])
+
+
+def test_tifl_selects_one_tier_spends_its_credit_and_tops_up() -> None:
+    t = TiFL(planner=None, tiers=2, interval=1, credits=1)
+    t.tier_of = np.array([0, 0, 0, 1, 1, 1])
+    t.probs, t.accuracy, t.credits = np.array([0.5, 0.5]), np.zeros(2), np.array([1, 1])
+    first = t.select(_Ctx(6), 0, np.arange(6), 2)
+    tier = t.chosen[-1]
+    assert set(t.tier_of[first]) == {tier} and t.credits[tier] == 0
+    # the other tier has the only credit left: it is chosen; 4 asked, 3 in it → topped up
+    second = t.select(_Ctx(6), 1, np.arange(6), 4)
+    assert t.chosen[-1] == 1 - tier and t.credits.tolist() == [0, 0]
+    assert len(second) == 4 and (t.tier_of[second] == 1 - tier).sum() == 3
+
+
+def test_tifl_changes_probabilities_when_the_tier_did_not_improve() -> None:
+    """Interval 2: at round 4 the tier of round 3 (tier 0) reads 0.6, as 2 rounds before →
+    ChangeProbs from the accuracies (tier 0 least accurate: 2/3)."""
+    t = TiFL(planner=None, tiers=2, interval=2)
+    t.tier_of = np.array([0, 0, 1, 1])
+    t.probs, t.accuracy = np.array([0.5, 0.5]), np.array([0.6, 0.9])
+    t.history = [[0.0, 0.0], [0.6, 0.0], [0.6, 0.9], [0.6, 0.9]]
+    t.chosen = [0, 1, 0, 0]
+    t.select(_Ctx(4), 4, np.arange(4), 1)
+    np.testing.assert_allclose(t.probs, [2 / 3, 1 / 3])
+    t.on_round(_Ctx(4), 4, [_contribution(2, 1.0, 10.0, 7.0, 1.0)], [])
+    assert t.accuracy.tolist() == [0.6, 0.7] and t.history[-1] == [0.6, 0.7]
+
+
+# ------------------------------------------------------------------ in runs
+def _run(tmp_path: Any, name: str, **over: Any) -> Any:
+    raw = tiny_raw(executor={"threads": 1}, partition={"scheme": "iid", "num_clients": 12},
+                   budget={"aggregations": 6})  # fmt: skip
+    cfg = load_config(raw=raw, overrides=[f"{k}={v}" for k, v in over.items()])
+    return run_experiment(cfg, run_dir=tmp_path / name)
+
+
+@pytest.mark.parametrize("selection", ["oort", "tifl"])
+def test_a_selection_runs_and_reruns_identically(tmp_path: Any, selection: str) -> None:
+    a = _run(tmp_path, "a", **{"strategy.client_fraction": 0.25, "selection.name": selection})
+    _run(tmp_path, "b", **{"strategy.client_fraction": 0.25, "selection.name": selection})
+    assert a.summary["status"] == "completed" and a.summary["aggregations"] == 6
+    ma = (tmp_path / "a" / "metrics.csv").read_text().splitlines()
+    mb = (tmp_path / "b" / "metrics.csv").read_text().splitlines()
+    strip = lambda lines: [ln.split(",", 2)[0] + ln.split(",", 2)[2] for ln in lines]
+    assert strip(ma) == strip(mb)  # (the wall-time column aside)
+
+
+@pytest.mark.parametrize("kind", ["serial", "vectorized"])
+def test_statistics_are_the_received_models_losses_on_the_first_epoch(kind: str) -> None:
+    """Both executors send up the same statistics: Σ loss², Σ loss, correct and |B| of the
+    base model on the task's first-epoch samples, equal to a direct computation."""
+    from fedclock.devices.cost import TaskTiming
+    from fedclock.experiment import _build
+    from fedclock.sim.types import Task
+    from fedclock.train.executor import batch_schedule
+
+    raw = tiny_raw(executor={"threads": 1, "kind": kind}, train={"local_epochs": 2})
+    cfg = load_config(raw=raw, overrides=["strategy.client_fraction=0.5", "selection.name=oort"])
+    parts = _build(cfg, None)
+    assert parts.strategy.needs.statistics
+    plan, cost = parts.strategy.planner.nominal(2)
+    task = Task(0, 2, 0, parts.initial, plan, cost, TaskTiming(0.0, 1.0, 0.0), 0.0)
+    (c,) = parts.executor.run([task])
+    stats = statistics_of(c)
+    assert stats is not None
+    data = parts.executor.data
+    n = len(data.indices[2])
+    steps = batch_schedule(cfg.seed, task, n)
+    assert len(steps) > -(-n // plan.batch_size)  # two epochs: only the first is read
+    rows = data.indices[2][torch.cat(steps[: -(-n // plan.batch_size)])]
+    model = parts.executor.model
+    with torch.no_grad():
+        out = torch.func.functional_call(model, dict(parts.initial.params), (data.x[rows],))
+    per = torch.nn.functional.cross_entropy(out, data.y[rows], reduction="none").double()
+    assert stats["samples"] == len(rows) == n
+    assert stats["loss_sq_sum"] == pytest.approx(float((per * per).sum()), rel=1e-6)
+    assert stats["loss_sum"] == pytest.approx(float(per.sum()), rel=1e-6)
+    assert stats["correct"] == float((out.argmax(-1) == data.y[rows]).sum())
+
+
+def test_selection_config_is_checked(tmp_path: Any) -> None:
+    with pytest.raises(ConfigError, match="client_fraction is 1"):
+        load_config(raw=tiny_raw(), overrides=["selection.name=oort"])
+    with pytest.raises(ConfigError, match="does not sample clients"):
+        load_config(raw=tiny_raw(), overrides=["selection.name=tifl", "strategy.name=fedbuff",
+                                               "strategy.buffer_size=2"])  # fmt: skip
+    cfg = load_config(raw=tiny_raw(), overrides=["strategy.client_fraction=0.5"])
+    from fedclock.config import STRATEGY_OPTIONS
+
+    fedavg, fedbuff = STRATEGY_OPTIONS["fedavg"], STRATEGY_OPTIONS["fedbuff"]
+    assert fedavg.reads(cfg, "selection.name") and not fedbuff.reads(cfg, "selection.name")
+    assert not fedavg.reads(cfg, "selection.tiers")  # (random reads no field of the others)
