@@ -154,6 +154,8 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
              "selection.pacer_step": 1, "budget.aggregations": 6},
     "tifl": {"strategy.client_fraction": 0.5, "selection.name": "tifl", "selection.tiers": 2,
              "selection.interval": 1, "selection.credits": 4, "budget.aggregations": 6},
+    "refl": {"strategy.name": "drop-stragglers", "strategy.t_max": 2.0,
+             "strategy.client_fraction": 0.5, "selection.name": "refl", "budget.aggregations": 8},
     "oort-availability": {"population.scenario": "trace", "population.trace": str(
         Path(__file__).parent / "data" / "trace-availability"), "strategy.client_fraction": 0.5,
         "selection.name": "oort", "budget.aggregations": 6},

@@ -19,10 +19,13 @@ from fedclock.config import load_config
 from fedclock.errors import ConfigError
 from fedclock.experiment import run_experiment
 from fedclock.strategies.selection import (
+    REFL,
     Oort,
+    StaleAwareWeighting,
     TiFL,
     latency_tiers,
     oort_scores,
+    refl_priority,
     tifl_probabilities,
     top_positions,
     weighted_sample,
@@ -321,3 +324,98 @@ def test_selection_config_is_checked(tmp_path: Any) -> None:
     fedavg, fedbuff = STRATEGY_OPTIONS["fedavg"], STRATEGY_OPTIONS["fedbuff"]
     assert fedavg.reads(cfg, "selection.name") and not fedbuff.reads(cfg, "selection.name")
     assert not fedavg.reads(cfg, "selection.tiers")  # (random reads no field of the others)
+
+
+# ------------------------------------------------------------------ REFL
+def test_refl_priority_is_online_through_the_window_and_leaving_in_the_next() -> None:
+    """Now 100, W 10: offline at 105 (leaves within the window: no), 110 (yes: online through
+    [100, 110], not through [110, 120]), 119 (yes), 120 (no: online through both), inf (no)."""
+    off = np.array([105.0, 110.0, 119.0, 120.0, math.inf])
+    assert refl_priority(off, 100.0, 10.0).tolist() == [False, True, True, False, False]
+
+
+class _AvailCtx(_Ctx):
+    def __init__(self, n: int, off: list[float], now: float = 0.0, seed: int = 0) -> None:
+        super().__init__(n, seed)
+        self.off, self.now = off, now
+
+    def next_offline(self, client: int) -> float:
+        return self.off[client]
+
+
+def test_refl_selects_the_leaving_first_and_not_the_recent() -> None:
+    """Clients 1 and 3 leave after the window: both picked first; client 5 was asked last
+    round (prohibit 2): left out while enough others remain; the rest drawn at random."""
+    off = [math.inf, 15.0, math.inf, 12.0, math.inf, 14.0, math.inf, math.inf]
+    r = REFL(planner=None, t_max=10.0, prohibit_reselect=2)
+    r.last_round = np.array([-99, -99, -99, -99, -99, 3, -99, -99])
+    for seed in range(20):
+        got = r.select(_AvailCtx(8, off, seed=seed), 4, np.arange(8), 3)
+        assert {1, 3} <= set(got.tolist()) and 5 not in got and len(got) == 3
+    r.on_round(_Ctx(8), 4, [], [SimpleNamespace(client=c) for c in (0, 1, 3)])
+    assert r.last_round[[0, 1, 3]].tolist() == [4, 4, 4]
+
+
+def test_refl_window_follows_round_durations_without_a_deadline() -> None:
+    r = REFL(planner=None, t_max=None, deadline_alpha=0.25)
+    r.last_round, r.window = np.full(4, -99), 40.0
+    ctx = _AvailCtx(4, [math.inf] * 4, now=100.0)
+    r.select(ctx, 0, np.arange(4), 2)
+    ctx.now = 180.0  # the round took 80 s
+    r.on_round(ctx, 0, [], [])
+    assert r.window == pytest.approx(0.75 * 80 + 0.25 * 40)
+
+
+def test_refl_stale_weight_by_hand() -> None:
+    """One parameter vector; θ = (1, 0) at version 5; two fresh updates Δ = (1, 0), (0, 1)
+    (models (2, 0), (1, 1): mean P/n = (1.5, 0.5)) and one stale update trained on version
+    3 (τ = 2) whose model is (3, 1); uniform p. r_c = ‖u − P/n‖²/((n+1)²‖P/n‖²) =
+    2.5/(9·2.5) = 1/9 = r_max → s = 0.65/3 + 0.35·(1 − e^{−1}/10)."""
+    from fedclock.sim.types import ModelVersion
+
+    def contrib(base_version: int, base: list[float], d: list[float]) -> Any:
+        bv = ModelVersion(base_version, {"w": torch.tensor(base, dtype=torch.float64)})
+        task = SimpleNamespace(base=bv)
+        return SimpleNamespace(task=task, base_version=base_version, num_samples=10,
+                               delta={"w": torch.tensor(d, dtype=torch.float64)})  # fmt: skip
+
+    base = ModelVersion(5, {"w": torch.tensor([1.0, 0.0], dtype=torch.float64)})
+    cs = [contrib(5, [1, 0], [1, 0]), contrib(5, [1, 0], [0, 1]), contrib(3, [2, 0], [1, 1])]
+    w = StaleAwareWeighting("uniform", beta=0.35, scale=10.0)(None, base, cs)
+    s = 0.65 / 3 + 0.35 * (1 - math.exp(-1.0) / 10)
+    np.testing.assert_allclose(w, np.array([1.0, 1.0, s]) / (2 + s), rtol=1e-12)
+    assert StaleAwareWeighting._deviation(base, cs[:2], cs[2]) == pytest.approx(1 / 9)
+
+
+def test_refl_uses_late_updates_stale_instead_of_dropping_them(tmp_path: Any) -> None:
+    """Drop-stragglers under a 2-s deadline: the slow devices' updates are discarded; with
+    REFL they train on and are used, stale, by a later round (nothing discarded)."""
+    over = {"strategy.name": "drop-stragglers", "strategy.t_max": 2.0,
+            "strategy.client_fraction": 0.5, "budget.aggregations": 8}  # fmt: skip
+    plain = _run(tmp_path, "drop", **over).summary
+    refl = _run(tmp_path, "refl", **over, **{"selection.name": "refl"}).summary
+    assert plain["updates_discarded"] > 0 and plain["mean_staleness"] == 0
+    assert refl["updates_discarded"] == 0 and refl["mean_staleness"] > 0
+    assert refl["max_staleness"] >= 1
+
+
+def test_refl_parts_follow_the_deadline_and_the_switch() -> None:
+    """Staleness-aware aggregation only under a deadline and with stale_updates: a barrier
+    strategy gets REFL's participant selection alone."""
+    from fedclock.experiment import _build
+
+    def parts(*over: str) -> Any:
+        raw = tiny_raw()
+        cfg = load_config(raw=raw, overrides=["strategy.client_fraction=0.5",
+                                               "selection.name=refl", *over])  # fmt: skip
+        return _build(cfg, None).strategy
+
+    barrier = parts("strategy.name=scaffold")
+    assert isinstance(barrier.trigger.selection, REFL) and not barrier.trigger.keep_late
+    late = parts("strategy.name=drop-stragglers", "strategy.t_max=2")
+    assert late.trigger.keep_late
+    assert isinstance(late.aggregator.weighting, StaleAwareWeighting)
+    assert not late.needs.synchronous  # (late updates may not share a round's block)
+    ips = parts("strategy.name=drop-stragglers", "strategy.t_max=2",
+                "selection.stale_updates=false")  # fmt: skip
+    assert not ips.trigger.keep_late

@@ -1278,8 +1278,8 @@ class SelectionConfig(_Section):
     the TiFL fields by ``tifl``. Defaults: FedScale's for Oort, ours for TiFL where the
     paper gives none."""
 
-    name: Literal["random", "oort", "tifl"] = Field(
-        "random", description="random (uniform, McMahan et al.), oort or tifl"
+    name: Literal["random", "oort", "tifl", "refl"] = Field(
+        "random", description="random (uniform, McMahan et al.), oort, tifl or refl"
     )
     exploration_factor: float = Field(
         0.9, gt=0, le=1, description="Oort: initial share ε of slots given to unexplored clients"
@@ -1319,6 +1319,20 @@ class SelectionConfig(_Section):
         le=MAX_CLIENTS,
         description="TiFL: rounds each tier may be chosen (null: no limit)",
     )
+    prohibit_reselect: int = Field(
+        5, ge=0, le=BIG_COUNT, description="REFL: not asked again within this many rounds"
+    )
+    availability_probability: float = Field(
+        0.0, ge=0, le=1, description="REFL: share of each list seen (0: all; the authors' 0.9)"
+    )
+    deadline_alpha: float = Field(
+        0.25, ge=0, le=1, description="REFL: a of the window's moving average (no deadline)"
+    )
+    stale_updates: bool = Field(
+        True, description="REFL: late updates train on and are used stale (SAA); false: IPS only"
+    )
+    stale_beta: float = Field(0.35, ge=0, le=1, description="REFL: β of the stale weight s_c")
+    scale_coff: float = Field(10.0, gt=0, description="REFL: the scale of s_c's deviation term")
 
     #: the fields each selection reads (``name`` is read by every selecting strategy)
     OORT: ClassVar[tuple[str, ...]] = (
@@ -1327,12 +1341,18 @@ class SelectionConfig(_Section):
         "sample_window", "blacklist_rounds", "blacklist_max_len",
     )  # fmt: skip
     TIFL: ClassVar[tuple[str, ...]] = ("tiers", "interval", "credits")
+    REFL: ClassVar[tuple[str, ...]] = (
+        "prohibit_reselect", "availability_probability", "deadline_alpha", "stale_updates",
+        "stale_beta", "scale_coff",
+    )  # fmt: skip
 
     def reads(self, field: str) -> bool:
         """Whether this selection depends on its field ``field``."""
         if field == "name":
             return True
-        return field in {"oort": self.OORT, "tifl": self.TIFL}.get(self.name, ())
+        if field in ("stale_beta", "scale_coff") and not self.stale_updates:
+            return False
+        return field in {"oort": self.OORT, "tifl": self.TIFL, "refl": self.REFL}.get(self.name, ())
 
 
 class CisNodeConfig(_Section):

@@ -205,6 +205,12 @@ class Context:
         """When ``client``'s device is next online: now if it is, inf if never again."""
         return self._sim.next_online(client)
 
+    def next_offline(self, client: int) -> float:
+        """When ``client``'s device next goes offline: now if it is offline, inf if never
+        (always, without availability)."""
+        avail = self._sim._avail
+        return math.inf if avail is None else avail.next_offline(client, self._sim.now)
+
     def online_clients(self, positions: np.ndarray | None = None) -> np.ndarray:
         """The clients whose device is online now, in index order (all, without
         availability); ``positions``: the ones at those places of that order."""

@@ -39,7 +39,15 @@ from fedclock.config import (
     own_fields,
 )
 from fedclock.errors import ConfigError
-from fedclock.strategies.aggregators import Importance, Update, client_importance
+from fedclock.strategies.aggregators import (
+    Importance,
+    Update,
+    client_importance,
+    delta,
+    mix,
+    mix_buffers,
+    weighted_sum,
+)
 from fedclock.strategies.asynchronous import (
     ArrivalBuffer,
     FixedPeriod,
@@ -221,7 +229,7 @@ def attach_selection(strategy: Strategy, cfg: ExperimentConfig, info: BuildInfo)
     then carry the client statistics selection reads (``Needs.statistics``)."""
     from dataclasses import replace
 
-    from fedclock.strategies.selection import Oort, TiFL
+    from fedclock.strategies.selection import REFL, Oort, StaleAwareWeighting, TiFL
 
     sel = cfg.selection
     trigger = strategy.trigger
@@ -235,8 +243,36 @@ def attach_selection(strategy: Strategy, cfg: ExperimentConfig, info: BuildInfo)
         trigger.selection = Oort(
             planner, sizes=info.client_sizes, **{f: getattr(sel, f) for f in sel.OORT}
         )
-    else:
+    elif sel.name == "tifl":
         trigger.selection = TiFL(planner, **{f: getattr(sel, f) for f in sel.TIFL})
+    else:
+        trigger.selection = REFL(
+            planner, t_max=trigger.t_max, prohibit_reselect=sel.prohibit_reselect,
+            availability_probability=sel.availability_probability,
+            deadline_alpha=sel.deadline_alpha,
+        )  # fmt: skip
+        if sel.stale_updates and trigger.t_max is not None:  # late updates, used stale (SAA)
+            agg = strategy.aggregator
+            plain = (
+                isinstance(agg, Update) and isinstance(agg.weighting, Importance)
+                and agg.target is delta and agg.normaliser is weighted_sum
+                and strategy.client_rule is None
+            )  # fmt: skip
+            if not plain:
+                raise ConfigError(
+                    f"REFL's staleness-aware aggregation averages FedAvg-weighted models, but "
+                    f"strategy {strategy.name!r} aggregates otherwise; set "
+                    "selection.stale_updates: false (its participant selection alone)."
+                )
+            assert isinstance(agg, Update) and isinstance(agg.weighting, Importance)
+            strategy.aggregator = Update(
+                StaleAwareWeighting(agg.weighting.scheme, beta=sel.stale_beta,
+                                    scale=sel.scale_coff),
+                target=mix, buffers=mix_buffers, server=agg.server,
+            )  # fmt: skip
+            trigger.keep_late = True
+            # a round's late tasks train on: their updates may not share the block's memory
+            strategy.needs = replace(strategy.needs, synchronous=False)
     strategy.needs = replace(strategy.needs, statistics=True)
 
 

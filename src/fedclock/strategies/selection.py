@@ -432,3 +432,148 @@ class TiFL:
         heard = seen > 0
         self.accuracy[heard] = right[heard] / seen[heard]
         self.history.append(self.accuracy.tolist())
+
+
+# ------------------------------------------------------------------ REFL
+def refl_priority(next_offline: np.ndarray, now: float, window: float) -> np.ndarray:
+    """REFL's IPS priority (``client_manager.getPriority``): online through [t, t + W] but not
+    through [t + W, t + 2W] — the devices about to leave, whose data is otherwise rarely
+    heard. ``next_offline``: when each candidate next goes offline (inf: never)."""
+    return (next_offline >= now + window) & (next_offline < now + 2.0 * window)
+
+
+class REFL:
+    """REFL's Intelligent Participant Selection (Abdelmoniem et al., EuroSys'23;
+    ``ahmedcs/REFL``, ``core/client_manager.py::resampleClients``).
+
+    Among the online candidates not asked in the last ``prohibit_reselect`` rounds, the
+    priority ones (:func:`refl_priority` over the window W) come first, drawn at random if
+    more than m; the rest of the m slots are drawn from the others. W is the round deadline
+    (``strategy.t_max``), else a moving average of round durations, W ← (1 − a)·D + a·W
+    (``deadline_alpha`` a = 0.25), from the median nominal task time. With
+    ``availability_probability`` p > 0, only ⌊p·n⌋ of each list, at random, are seen (the
+    authors' model of imperfect prediction).
+
+    Where we chose: REFL's server reads the trace's future availability (an oracle, as
+    here: :meth:`Context.next_offline`); a candidate asked recently is left out before the
+    draw (REFL replaces it after the draw by a random online client); m clients are taken
+    (the authors' code takes one fewer when the list is exactly m long).
+    """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ("last_round", "window", "round_start")
+
+    def __init__(
+        self,
+        planner: Any,
+        *,
+        t_max: float | None,
+        prohibit_reselect: int = 5,
+        availability_probability: float = 0.0,
+        deadline_alpha: float = 0.25,
+    ) -> None:
+        self.planner = planner
+        self.t_max = t_max
+        self.prohibit_reselect = prohibit_reselect
+        self.availability_probability = availability_probability
+        self.deadline_alpha = deadline_alpha
+        self.last_round = np.zeros(0, dtype=np.int64)
+        self.window = 0.0 if t_max is None else float(t_max)
+        self.round_start = 0.0
+
+    def setup(self, ctx: Context) -> None:
+        self.last_round = np.full(ctx.num_clients, -(1 << 40), dtype=np.int64)
+        if self.t_max is None:
+            self.window = float(np.median(expected_durations(ctx, self.planner)))
+
+    def select(self, ctx: Context, r: int, candidates: np.ndarray, m: int) -> np.ndarray:
+        rng = ctx.rng("refl", r)
+        self.round_start = ctx.now
+        fresh = self.last_round[candidates] < r - self.prohibit_reselect
+        if int(fresh.sum()) >= m:
+            candidates = candidates[fresh]
+        off = np.array([ctx.next_offline(int(c)) for c in candidates])
+        prio = refl_priority(off, ctx.now, self.window)
+        first, rest = candidates[prio], candidates[~prio]
+        p = self.availability_probability
+        if p > 0:  # only ⌊p·n⌋ of each list is seen
+            first = first[np.sort(rng.permutation(len(first))[: int(p * len(first))])]
+            rest = rest[np.sort(rng.permutation(len(rest))[: int(p * len(rest))])]
+        if len(first) >= m:
+            return np.sort(rng.choice(first, size=m, replace=False))
+        fill = rng.choice(rest, size=min(m - len(first), len(rest)), replace=False)
+        return np.sort(np.concatenate([first, fill]).astype(np.int64))
+
+    def on_round(
+        self, ctx: Context, r: int, used: Sequence[Contribution], tasks: Sequence[Task]
+    ) -> None:
+        for t in tasks:
+            self.last_round[t.client] = r
+        if self.t_max is None:  # the moving average of round durations
+            a = self.deadline_alpha
+            self.window = (1.0 - a) * (ctx.now - self.round_start) + a * self.window
+
+
+class StaleAwareWeighting:
+    """REFL's Staleness-Aware Aggregation (``core/aggregator.py::update_importance``, its
+    ``stale_factor`` −4): fresh updates weigh p_i, a stale one (trained on a model τ ≥ 1
+    versions old) p_c·s_c with
+
+        s_c = (1 − β)/(τ + 1) + β·(1 − e^{−r_c/r_max} / scale),
+        r_c = ‖(u_c + P)/(n + 1) − P/n‖² / ‖P/n‖²,
+
+    u_c the stale model, P/n the mean of the n fresh models (the server's model when none
+    is fresh), r_max the largest r_c of the round; the weights are normalised to sum 1 and,
+    with the ``mix`` target, average the models (REFL averages the fresh and stale models).
+    Defaults: β = 0.35 (``stale_beta``), scale = 10 (``scale_coff``).
+
+    Where we chose: τ counts server versions (REFL counts the rounds the update waited,
+    one fewer when it arrives in the round after its deadline); p_i follows
+    ``strategy.weights`` (REFL's importance is 1 per update: ``weights: uniform``); the
+    authors' code weighs the stale models but never adds them to the model (it sums the
+    fresh ones only) — we add them, as the paper describes.
+    """
+
+    checkpoint_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, scheme: str = "samples", *, beta: float = 0.35, scale: float = 10.0):
+        self.scheme = scheme
+        self.beta = beta
+        self.scale = scale
+
+    def __call__(
+        self, ctx: Context, base: Any, contributions: Sequence[Contribution]
+    ) -> np.ndarray:
+        from fedclock.strategies.aggregators import client_importance
+
+        if not contributions:
+            return np.zeros(0)
+        p = client_importance([c.num_samples for c in contributions], self.scheme)
+        tau = np.array([base.version - c.base_version for c in contributions], dtype=np.float64)
+        stale = np.flatnonzero(tau > 0)
+        if not len(stale):
+            return p
+        fresh = [c for c in contributions if base.version == c.base_version]
+        r = np.array([self._deviation(base, fresh, contributions[int(i)]) for i in stale])
+        r_max = float(r.max())
+        ratio = r / r_max if r_max > 0 else np.zeros_like(r)
+        s = np.ones(len(contributions))
+        b = self.beta
+        s[stale] = (1 - b) / (tau[stale] + 1) + b * (1 - np.exp(-ratio) / self.scale)
+        w = p * s
+        return w / w.sum()
+
+    @staticmethod
+    def _deviation(base: Any, fresh: Sequence[Contribution], c: Contribution) -> float:
+        """r_c = ‖(u_c + P)/(n + 1) − P/n‖² / ‖P/n‖² = ‖u_c − P/n‖² / ((n + 1)²‖P/n‖²)."""
+        import torch
+
+        n = len(fresh)
+        num = den = 0.0
+        for name, theta in base.params.items():
+            mean = theta.double()
+            if n:
+                mean = mean + sum(f.delta[name].double() for f in fresh) / n
+            u = c.task.base.params[name].double() + c.delta[name].double()
+            num += float(torch.sum((u - mean) ** 2))
+            den += float(torch.sum(mean**2))
+        return num / ((n + 1) ** 2 * den) if den > 0 else 0.0

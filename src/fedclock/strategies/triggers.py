@@ -58,6 +58,9 @@ class SyncRounds:
         "_cut",
         "_hold",
         "_dispatched",
+        "_late",
+        "_stale",
+        "_waiting",
     )
 
     def __init__(
@@ -67,6 +70,7 @@ class SyncRounds:
         t_max: float | None = None,
         work: RoundWork | None = None,
         selection: Selection | None = None,
+        keep_late: bool = False,
     ) -> None:
         self.client_fraction = client_fraction
         self.t_max = t_max
@@ -79,6 +83,12 @@ class SyncRounds:
         self._cut: list[Task] = []  # participants with nothing to send, working until t_max
         self._hold = False  # the round closes at its deadline, not at the last arrival
         self._dispatched: list[Task] = []  # the round's tasks (what a selection hears of)
+        # keep_late (REFL's staleness-aware aggregation): a task that cannot meet the deadline
+        # trains on; it arrives after its round and is used, stale, by the next round to close
+        self.keep_late = keep_late
+        self._late: dict[int, Task] = {}  # still training after their round closed
+        self._stale: list[Contribution] = []  # arrived late, used at the next close
+        self._waiting = False  # every online client busy with a late task: wait for one
 
     def on_start(self, ctx: Context) -> None:
         if self.selection is not None:
@@ -114,6 +124,7 @@ class SyncRounds:
         self._cut = []
         deadline = None if self.t_max is None else ctx.now + self.t_max
         hold = late_any = False
+        late_now: list[Task] = []
         if self.work is None:
             works: list[Work] | None = None
         else:
@@ -134,10 +145,16 @@ class SyncRounds:
             # compare arrival and deadline as the event heap will (same float sums)
             late = deadline is not None and task.t_finish > deadline
             late_any |= late
+            if late and self.keep_late:  # trains on past the deadline, used stale later
+                ctx.dispatch(task, execute=True)
+                self._late[task.task_id] = task
+                late_now.append(task)
+                hold = True  # (the round still lasts until its deadline)
+                continue
             ctx.dispatch(task, execute=not late)
             self._outstanding[task.task_id] = task
         if self.selection is not None:
-            self._dispatched = [*self._outstanding.values(), *self._cut]
+            self._dispatched = [*self._outstanding.values(), *self._cut, *late_now]
         self._hold = hold
         if deadline is not None and (hold or late_any):
             ctx.set_timer(deadline, r)
@@ -175,11 +192,25 @@ class SyncRounds:
                 return None
         else:
             candidates = np.arange(ctx.num_clients)
+        if self._late:  # clients still training a late task are busy
+            busy = np.fromiter((t.client for t in self._late.values()), dtype=np.int64)
+            candidates = candidates[~np.isin(candidates, busy)]
+            if not len(candidates):  # everyone online is busy: the next late arrival starts it
+                self._hold = True
+                self._waiting = True
+                return None
         m = max(1, int(self.client_fraction * ctx.num_clients + 1e-9))
         assert self.selection is not None
         return self.selection.select(ctx, r, candidates, min(m, len(candidates)))
 
     def on_arrival(self, ctx: Context, contribution: Contribution) -> None:
+        if self._late and contribution.task.task_id in self._late:  # after its round
+            del self._late[contribution.task.task_id]
+            self._stale.append(contribution)
+            if self._waiting:  # the round was waiting for a free client
+                self._waiting = False
+                self._start_round(ctx)
+            return
         del self._outstanding[contribution.task.task_id]
         self._arrived.append(contribution)
         if not self._outstanding and not self._hold:
@@ -188,6 +219,11 @@ class SyncRounds:
     def on_lost(self, ctx: Context, task: Task) -> None:
         """A participant's device went offline: the round no longer waits for it (a barrier
         closes with the others; under a deadline it is simply absent)."""
+        if self._late.pop(task.task_id, None) is not None:  # a late task: its round is over
+            if self._waiting:  # its client is free again (offline now): try the round again
+                self._waiting = False
+                self._start_round(ctx)
+            return
         self._outstanding.pop(task.task_id, None)
         self._cut = [t for t in self._cut if t.task_id != task.task_id]
         if not self._outstanding and not self._hold:
@@ -210,6 +246,9 @@ class SyncRounds:
     def _close(self, ctx: Context) -> None:
         # contributions in arrival order; sort by client so the sum order is fixed
         used = sorted(self._arrived, key=lambda c: c.client)
+        if self._stale:  # late updates of earlier rounds (keep_late), after the fresh ones
+            used += sorted(self._stale, key=lambda c: (c.base_version, c.client))
+            self._stale = []
         if self.selection is not None:  # what the round's participants sent up
             self.selection.on_round(ctx, self.round, used, self._dispatched)
             self._dispatched = []
