@@ -1614,7 +1614,19 @@ DRIFT = register(
 
 # ----------------------------------------------------------------------------- fleet
 # Straggler methods on a trace-driven fleet with availability (docs/reproductions/fleet.md)
-FLEET_STRATEGIES = ("fedavg", "salf", "drop-stragglers", "fedbuff", "fed-raa")
+#: the comparison's entries (run folders) and their labels; FedAvg at random is the reference
+FLEET_CELLS = {
+    "fedavg": "FedAvg, 10 % at random",
+    "fedavg-selection.name=oort": "FedAvg, 10 % by Oort",
+    "fedavg-selection.name=tifl": "FedAvg, 10 % by TiFL",
+    "drop-stragglers-salf.scenario=null": "drop-stragglers (150 s), 10 % at random",
+    "drop-stragglers-salf.scenario=null-selection.name=refl": "drop-stragglers (150 s), 10 % by REFL (+ stale updates)",
+    "fedavg-client_fraction=1": "FedAvg, every online device",
+    "salf": "SALF (150 s), every online device",
+    "fedbuff": "FedBuff (m = 10), every device",
+    "fed-raa": "Fed-RAA (4 fragments), every device",
+}
+FLEET_STRATEGIES = tuple(FLEET_CELLS)
 FLEET_TIMES = (1800, 3600, 7200, 10800)
 FLEET_TARGET = 0.9
 
@@ -1666,7 +1678,7 @@ def fleet_table(res: Results) -> str:
 
         rows.append(
             [
-                f"`{name}`",
+                FLEET_CELLS[name],
                 *[mean_sd(per(f"acc@{t}")) for t in FLEET_TIMES],
                 mean_sd(per("t90"), scale=1.0, digits=0),
                 mean_sd(per("aggregations"), scale=1.0, digits=0),
@@ -1685,7 +1697,7 @@ def fleet_paired(res: Results) -> str:
     the sign verdict of "ahead of FedAvg" at each read-out."""
     seeds = _fleet_seeds(res)
     header = [
-        "method − FedAvg",
+        "method − FedAvg at random",
         *[f"at {t / 3600:g} h (points)" for t in FLEET_TIMES],
         f"ahead at {FLEET_TIMES[0] / 3600:g} h",
         f"ahead at {FLEET_TIMES[-1] / 3600:g} h",
@@ -1701,7 +1713,7 @@ def fleet_paired(res: Results) -> str:
             diffs[t] = [100 * (x - y) for x, y in zip(a, b, strict=True)]
         rows.append(
             [
-                f"`{name}`",
+                FLEET_CELLS[name],
                 *[spread(diffs[t]) for t in FLEET_TIMES],
                 sign_verdict(diffs[FLEET_TIMES[0]], +1),
                 sign_verdict(diffs[FLEET_TIMES[-1]], +1),
