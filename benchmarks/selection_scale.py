@@ -1,5 +1,6 @@
 """Speed-aware selection at 100,000 clients: the host time of a round that asks 100 of them,
-chosen uniformly (``random``), by Oort or by TiFL (strategies/selection.py).
+chosen uniformly (``random``), by Oort, by TiFL or by REFL's participant selection
+(strategies/selection.py; no deadline, so nothing is late and REFL's aggregation is unused).
 
 Synchronous FedAvg rounds over 100,000 clients on a capability population (speeds
 log-normal around 4 GFLOP/s, links around 5,000 kbit/s), logistic regression on 32
@@ -26,7 +27,7 @@ NAME = "selection-scale"
 POOL = 60_000
 PER_CLIENT = 32
 SELECTED = 100
-KINDS = ("random", "oort", "tifl")
+KINDS = ("random", "oort", "tifl", "refl")
 
 
 def child(kind: str, population: int, rounds: int) -> dict[str, float]:
@@ -35,7 +36,7 @@ def child(kind: str, population: int, rounds: int) -> dict[str, float]:
     from fedclock.sim.simulator import Budget, Simulator
     from fedclock.strategies import LocalSGDPlanner, Strategy, SyncRounds, Update
     from fedclock.strategies.aggregators import Importance
-    from fedclock.strategies.selection import Oort, TiFL
+    from fedclock.strategies.selection import REFL, Oort, TiFL
     from fedclock.train.executor import ClientData, snapshot
     from fedclock.train.factory import make_executor
     from fedclock.train.local import LocalTraining, Needs
@@ -61,12 +62,13 @@ def child(kind: str, population: int, rounds: int) -> dict[str, float]:
         "random": None,
         "oort": lambda: Oort(planner, data.sizes()),
         "tifl": lambda: TiFL(planner),
+        "refl": lambda: REFL(planner, t_max=None),
     }[kind]
     rounds_trigger = SyncRounds(
         client_fraction=SELECTED / population, selection=selection() if selection else None
     )
     strategy = Strategy("fedavg", planner, rounds_trigger, Update(Importance()))
-    needs = Needs(synchronous=True, statistics=selection is not None)
+    needs = Needs(synchronous=True, statistics=kind in ("oort", "tifl"))
     executor = make_executor(needs, model, data, seed=0, local=LocalTraining(lr=0.05))
     stamps: list[float] = []
 

@@ -335,6 +335,8 @@ def test_refl_priority_is_online_through_the_window_and_leaving_in_the_next() ->
 
 
 class _AvailCtx(_Ctx):
+    has_availability = True
+
     def __init__(self, n: int, off: list[float], now: float = 0.0, seed: int = 0) -> None:
         super().__init__(n, seed)
         self.off, self.now = off, now
@@ -416,6 +418,7 @@ def test_refl_parts_follow_the_deadline_and_the_switch() -> None:
     assert late.trigger.keep_late
     assert isinstance(late.aggregator.weighting, StaleAwareWeighting)
     assert not late.needs.synchronous  # (late updates may not share a round's block)
+    assert not late.needs.statistics  # (REFL reads availability and round times only)
     ips = parts("strategy.name=drop-stragglers", "strategy.t_max=2",
                 "selection.stale_updates=false")  # fmt: skip
     assert not ips.trigger.keep_late

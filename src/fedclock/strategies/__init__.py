@@ -226,7 +226,7 @@ def build_strategy(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
 
 def attach_selection(strategy: Strategy, cfg: ExperimentConfig, info: BuildInfo) -> None:
     """Put the selection of ``cfg.selection`` on the strategy's rounds; its contributions
-    then carry the client statistics selection reads (``Needs.statistics``)."""
+    then carry the client statistics it reads (``Needs.statistics``; Oort, TiFL)."""
     from dataclasses import replace
 
     from fedclock.strategies.selection import REFL, Oort, StaleAwareWeighting, TiFL
@@ -273,7 +273,8 @@ def attach_selection(strategy: Strategy, cfg: ExperimentConfig, info: BuildInfo)
             trigger.keep_late = True
             # a round's late tasks train on: their updates may not share the block's memory
             strategy.needs = replace(strategy.needs, synchronous=False)
-    strategy.needs = replace(strategy.needs, statistics=True)
+    if trigger.selection.reads_statistics:
+        strategy.needs = replace(strategy.needs, statistics=True)
 
 
 __all__ = [

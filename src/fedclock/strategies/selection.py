@@ -29,7 +29,10 @@ from fedclock.sim.types import Contribution, Task
 
 class Selection(Protocol):
     """Whom round ``r`` asks: ``select`` returns m of ``candidates`` (sorted client ids);
-    ``on_round`` hears the round's used contributions and every task it dispatched."""
+    ``on_round`` hears the round's used contributions and every task it dispatched;
+    ``reads_statistics``: its participants send up their statistics."""
+
+    reads_statistics: ClassVar[bool]
 
     def setup(self, ctx: Context) -> None: ...
 
@@ -135,6 +138,8 @@ class Oort:
     not applied — the trigger decides what late participants cost.
     """
 
+    #: its participants send up their statistics (train/statistics.py)
+    reads_statistics: ClassVar[bool] = True
     checkpoint_fields: ClassVar[tuple[str, ...]] = (
         "reward", "duration", "time_stamp", "count", "exploration", "round_threshold",
         "explore_clients", "exploit_clients", "successful", "exploit_history",
@@ -357,6 +362,7 @@ class TiFL:
     unlimited; a tier never selected yet has accuracy 0 (it is preferred).
     """
 
+    reads_statistics: ClassVar[bool] = True
     checkpoint_fields: ClassVar[tuple[str, ...]] = (
         "tier_of", "probs", "credits", "accuracy", "history", "chosen",
     )  # fmt: skip
@@ -460,6 +466,7 @@ class REFL:
     (the authors' code takes one fewer when the list is exactly m long).
     """
 
+    reads_statistics: ClassVar[bool] = False  # (availability and round times only)
     checkpoint_fields: ClassVar[tuple[str, ...]] = ("last_round", "window", "round_start")
 
     def __init__(
@@ -491,7 +498,10 @@ class REFL:
         fresh = self.last_round[candidates] < r - self.prohibit_reselect
         if int(fresh.sum()) >= m:
             candidates = candidates[fresh]
-        off = np.array([ctx.next_offline(int(c)) for c in candidates])
+        if ctx.has_availability:
+            off = np.array([ctx.next_offline(int(c)) for c in candidates])
+        else:  # always online: nobody is about to leave
+            off = np.full(len(candidates), math.inf)
         prio = refl_priority(off, ctx.now, self.window)
         first, rest = candidates[prio], candidates[~prio]
         p = self.availability_probability
