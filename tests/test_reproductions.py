@@ -253,7 +253,10 @@ def test_fleet_reading_by_hand(tmp_path: Path) -> None:
     assert got[("fedavg", 1, "wasted")] == 0.1 and got[("fedavg", 1, "spent_h")] == 2.0
     assert got[("fedavg", 1, "updates_lost")] == 12
     paired = rep.fleet_paired(rep.Results("fleet", got))
-    assert "| FedBuff (m = 10), every device | +2.00 | +2.00 | +2.00 | +2.00 | holds | holds |" in paired
+    assert (
+        "| FedBuff (m = 10), every device | +2.00 | +2.00 | +2.00 | +2.00 | holds | holds |"
+        in paired
+    )
 
 
 def test_collect_merge_keeps_the_seeds_not_rerun(tmp_path: Path) -> None:
