@@ -156,6 +156,9 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
              "selection.interval": 1, "selection.credits": 4, "budget.aggregations": 6},
     "refl": {"strategy.name": "drop-stragglers", "strategy.t_max": 2.0,
              "strategy.client_fraction": 0.5, "selection.name": "refl", "budget.aggregations": 8},
+    "oort-fedbuff": {"strategy.name": "fedbuff", "strategy.buffer_size": 2,
+                     "strategy.concurrency": 3, "selection.name": "oort",
+                     "budget.aggregations": 8},
     "oort-availability": {"population.scenario": "trace", "population.trace": str(
         Path(__file__).parent / "data" / "trace-availability"), "strategy.client_fraction": 0.5,
         "selection.name": "oort", "budget.aggregations": 6},

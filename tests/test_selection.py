@@ -422,3 +422,53 @@ def test_refl_parts_follow_the_deadline_and_the_switch() -> None:
     ips = parts("strategy.name=drop-stragglers", "strategy.t_max=2",
                 "selection.stale_updates=false")  # fmt: skip
     assert not ips.trigger.keep_late
+
+
+@pytest.mark.parametrize("selection", ["oort", "tifl", "refl"])
+def test_a_selection_fills_the_slots_of_an_asynchronous_concurrency(
+    tmp_path: Any, selection: str
+) -> None:
+    """FedBuff with 4 of 12 clients training at once: the selection picks 4 idle clients at
+    a time, one per freed slot; never more than 4 in flight; reruns are identical."""
+    over = {"strategy.name": "fedbuff", "strategy.buffer_size": 2, "strategy.concurrency": 4,
+            "selection.name": selection, "budget.aggregations": 10}  # fmt: skip
+    a = _run(tmp_path, "a", **over)
+    _run(tmp_path, "b", **over)
+    assert a.summary["aggregations"] == 10 and a.summary["updates_used"] == 20
+    import csv
+
+    lines = [ln for ln in (tmp_path / "a" / "timeline.csv").open() if not ln.startswith("#")]
+    rows = [r for r in csv.DictReader(lines) if r["event"] == "task"]
+    ends = [(float(r["t_end"]), -1) for r in rows]  # (an end before a start at one time)
+    events = sorted(ends + [(float(r["t_start"]), 1) for r in rows])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    assert peak <= 4
+    ma = (tmp_path / "a" / "metrics.csv").read_text().splitlines()
+    mb = (tmp_path / "b" / "metrics.csv").read_text().splitlines()
+    strip = lambda lines: [ln.split(",", 2)[0] + ln.split(",", 2)[2] for ln in lines]
+    assert strip(ma) == strip(mb)
+
+
+def test_selection_needs_clients_to_choose_from() -> None:
+    over = ["strategy.name=fedbuff", "strategy.buffer_size=2", "selection.name=oort"]
+    with pytest.raises(ConfigError, match="does not sample"):
+        load_config(raw=tiny_raw(), overrides=over)  # every client works: no concurrency
+    with pytest.raises(ConfigError, match="whole population"):
+        load_config(raw=tiny_raw(), overrides=[*over, "strategy.concurrency=6"])
+    with pytest.raises(ConfigError, match="does not sample"):
+        load_config(raw=tiny_raw(), overrides=["strategy.name=fed-raa", "strategy.concurrency=2",
+                                               "selection.name=oort"])  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["serial", "vectorized"])
+@pytest.mark.parametrize("strategy", ["fjord", "fedrolex"])
+def test_oort_composes_with_partial_work(tmp_path: Any, kind: str, strategy: str) -> None:
+    """Oort's selection over width-sliced work (FjORD's ordered dropout, FedRolex's rolling
+    submodels) in both executors: the same metrics."""
+    over = {"strategy.name": strategy, "strategy.client_fraction": 0.5,
+            "selection.name": "oort", "executor.kind": kind}  # fmt: skip
+    got = _run(tmp_path, kind, **over)
+    assert got.summary["aggregations"] == 6 and got.summary["updates_used"] > 0

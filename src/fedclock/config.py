@@ -662,6 +662,12 @@ class AsyncOptions(_ServerOptions):
         "ones (FLSim's max concurrency); null = every client",
     )
 
+    selects = True  # (with a concurrency: who fills a freed slot)
+
+    @classmethod
+    def samples_clients(cls, cfg: ExperimentConfig) -> bool:
+        return cls.selects and cls.option(cfg, "concurrency") is not None
+
     @classmethod
     def unread(cls, cfg: ExperimentConfig) -> frozenset[str]:
         kind = cls.option(cfg, "staleness")
@@ -766,6 +772,8 @@ _FEDRAA_PAPER_ONLY = frozenset({
 
 class _FedRAAFields(AsyncOptions):
     """What Fed-RAA and its named ablations read (docs/methods/fed-raa.md)."""
+
+    selects = False  # (its scheduler assigns fragments to whoever is idle)
 
     fragments: int = Field(
         4, ge=2, le=5, description="M: the model split into M fragments (Table 4's ratios)"
@@ -1542,11 +1550,20 @@ class ExperimentConfig(_Section):
         if not own.samples_clients(self):
             raise _sentence(
                 f"selection.name is {name}, but strategy {self.strategy.name!r} does not sample "
-                "clients each round (strategies that do: "
+                "clients (strategies that do: "
                 + ", ".join(n for n, o in STRATEGY_OPTIONS.items() if o.selects)
-                + "); leave selection.name random."
+                + ", the asynchronous ones with strategy.concurrency); leave selection.name "
+                "random."
             )
-        if getattr(self.strategy, "client_fraction", 1.0) >= 1.0:
+        concurrency = getattr(self.strategy, "concurrency", None)
+        if concurrency is not None:
+            if concurrency >= self.partition.num_clients:
+                raise _sentence(
+                    f"selection.name is {name}, but strategy.concurrency is the whole "
+                    "population: every client trains all the time, so there is nobody to "
+                    "choose; set a concurrency below partition.num_clients."
+                )
+        elif getattr(self.strategy, "client_fraction", 1.0) >= 1.0:
             raise _sentence(
                 f"selection.name is {name}, but strategy.client_fraction is 1: every client "
                 "takes part each round, so there is nobody to choose; set a fraction below 1."

@@ -229,11 +229,12 @@ def attach_selection(strategy: Strategy, cfg: ExperimentConfig, info: BuildInfo)
     then carry the client statistics it reads (``Needs.statistics``; Oort, TiFL)."""
     from dataclasses import replace
 
+    from fedclock.strategies.asynchronous import _AllClients
     from fedclock.strategies.selection import REFL, Oort, StaleAwareWeighting, TiFL
 
     sel = cfg.selection
     trigger = strategy.trigger
-    if not isinstance(trigger, SyncRounds):
+    if not isinstance(trigger, SyncRounds | _AllClients):
         raise ConfigError(
             f"selection.name is {sel.name}, but strategy {strategy.name!r} has no rounds "
             "that sample clients."
@@ -247,11 +248,13 @@ def attach_selection(strategy: Strategy, cfg: ExperimentConfig, info: BuildInfo)
         trigger.selection = TiFL(planner, **{f: getattr(sel, f) for f in sel.TIFL})
     else:
         trigger.selection = REFL(
-            planner, t_max=trigger.t_max, prohibit_reselect=sel.prohibit_reselect,
+            planner, t_max=getattr(trigger, "t_max", None),
+            prohibit_reselect=sel.prohibit_reselect,
             availability_probability=sel.availability_probability,
             deadline_alpha=sel.deadline_alpha,
         )  # fmt: skip
-        if sel.stale_updates and trigger.t_max is not None:  # late updates, used stale (SAA)
+        t_max = trigger.t_max if isinstance(trigger, SyncRounds) else None
+        if sel.stale_updates and t_max is not None:  # late updates, used stale (SAA)
             agg = strategy.aggregator
             plain = (
                 isinstance(agg, Update) and isinstance(agg.weighting, Importance)
@@ -265,6 +268,7 @@ def attach_selection(strategy: Strategy, cfg: ExperimentConfig, info: BuildInfo)
                     "selection.stale_updates: false (its participant selection alone)."
                 )
             assert isinstance(agg, Update) and isinstance(agg.weighting, Importance)
+            assert isinstance(trigger, SyncRounds)
             strategy.aggregator = Update(
                 StaleAwareWeighting(agg.weighting.scheme, beta=sel.stale_beta,
                                     scale=sel.scale_coff),

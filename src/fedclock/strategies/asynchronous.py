@@ -48,6 +48,7 @@ from fedclock.strategies.aggregators import (
     step_buffers,
 )
 from fedclock.strategies.base import BuildInfo, Planner, Strategy
+from fedclock.strategies.selection import Selection
 from fedclock.strategies.server import server_optimizer
 from fedclock.strategies.weights import (
     Staleness,
@@ -235,7 +236,9 @@ class _AllClients:
     the run's ``client-selection`` stream.
     """
 
-    checkpoint_fields: ClassVar[tuple[str, ...]] = ("concurrency", "_idle", "_draws", "_rng")
+    checkpoint_fields: ClassVar[tuple[str, ...]] = (
+        "concurrency", "_idle", "_draws", "_rng", "_queue", "_batch", "_heard", "_sent",
+    )  # fmt: skip
 
     def __init__(self, times: UpdateTimes, *, concurrency: int | None = None) -> None:
         if concurrency is not None and concurrency < 1:
@@ -246,6 +249,15 @@ class _AllClients:
         self._idle: list[int] = []  # clients not training (concurrency mode)
         self._draws: list[float] = []
         self._rng: np.random.Generator | None = None
+        # with a concurrency, who fills the freed slots (strategies/selection.py; None:
+        # uniformly among the idle): it picks C idle clients at a time (a "round" of the
+        # selection), handed out one per freed slot; it hears the contributions committed
+        # and the tasks started since its last pick
+        self.selection: Selection | None = None
+        self._queue: list[int] = []
+        self._batch = 0
+        self._heard: list[Contribution] = []
+        self._sent: list[Task] = []
 
     def _start(self, ctx: Context, client: int) -> None:
         if ctx.has_availability and not ctx.online(client):  # it starts when it comes back
@@ -289,6 +301,11 @@ class _AllClients:
             return
         self._rng = ctx.rng("client-selection")
         self._idle = list(range(n))
+        if self.selection is not None:
+            self.selection.setup(ctx)
+            for _ in range(self.concurrency):
+                self._start_selected(ctx)
+            return
         for _ in range(self.concurrency):
             self._start(ctx, self._take_idle())
 
@@ -307,11 +324,38 @@ class _AllClients:
         idle.pop()
         return client
 
+    def _take_selected(self, ctx: Context) -> int:
+        """The next client the selection picked (a new pick of C idle clients when none is
+        left), removed from the idle ones; the task it starts is remembered for the pick's
+        feedback."""
+        assert self.selection is not None and self.concurrency is not None
+        if not self._queue:
+            if self._batch:  # what the last pick led to
+                self.selection.on_round(ctx, self._batch - 1, self._heard, self._sent)
+                self._heard, self._sent = [], []
+            idle = np.sort(np.array(self._idle, dtype=np.int64))
+            picked = self.selection.select(ctx, self._batch, idle, min(self.concurrency, len(idle)))
+            self._batch += 1
+            self._queue = picked.tolist()[::-1]  # (popped from the end: in client order)
+        client = self._queue.pop()
+        self._idle.remove(client)
+        return client
+
+    def _start_selected(self, ctx: Context) -> None:
+        client = self._take_selected(ctx)
+        self._sent.append(ctx.start(client))
+        if self._estimating:
+            self.times.started(client, ctx.now)
+
     def _restart(self, ctx: Context, client: int) -> None:
         """``client``'s update has been used: it (or, with a concurrency, a random idle client)
         starts (with availability: when its device is online)."""
         if ctx.has_availability:
             self._start(ctx, client)
+            return
+        if self.selection is not None:  # the slot goes to the selection's next pick
+            self._idle.append(client)
+            self._start_selected(ctx)
             return
         if self.concurrency is not None:
             # ``client`` joins the idle ones and one of them, uniformly, takes its slot
@@ -328,6 +372,8 @@ class _AllClients:
     def _commit_and_restart(self, ctx: Context, arrived: list[Contribution]) -> None:
         batch = sorted(arrived, key=_by_client)  # fixed sum order
         ctx.commit(batch)
+        if self.selection is not None:
+            self._heard.extend(batch)
         if not ctx.stopping:
             for c in batch:
                 self._restart(ctx, c.task.client)
@@ -368,7 +414,10 @@ class ArrivalBuffer(_AllClients):
             return
         if len(buffer) >= self.buffer_size:
             self._buffer = []
-            ctx.commit(sorted(buffer, key=_by_client))
+            batch = sorted(buffer, key=_by_client)
+            ctx.commit(batch)
+            if self.selection is not None:
+                self._heard.extend(batch)
             if ctx.stopping:  # (only a commit can end the run during a callback)
                 return
         # the slot is free: the client joins the idle ones and one of them, uniformly, takes it
