@@ -1,5 +1,6 @@
-"""Shared pieces of the benchmarks: data, the fedclock FedAvg runner, the two plain-PyTorch
-reference loops (a plain serial loop and the ``torch.func`` floor), timing helpers.
+"""Shared pieces of the benchmarks: data, the fedclock FedAvg runner, the plain-PyTorch
+reference loops (a plain serial loop, the hand-written-gradient floor and the ``torch.func``
+blocks), timing helpers.
 
 Every runner does the same work per round: each client trains from the global model on its
 own data (same model, same lr, same number of steps and batch size), the server takes the
@@ -226,8 +227,31 @@ def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float
     return _metrics(model(x), y)
 
 
-def run_plain_serial(setup: FedAvgSetup, *, seed: int = 0) -> float:
-    """A plain serial loop: one working model, each client in turn, torch.optim.SGD; s/round."""
+def round_rows(
+    gen: torch.Generator, parts: Sequence[torch.Tensor], steps: int, b: int
+) -> list[list[torch.Tensor]]:
+    """One round's batches: for each client in turn, a fresh shuffle of its rows at each
+    epoch start (``torch.randperm`` from ``gen``), cut into batches of ``b`` — the plain
+    serial loop's order, which the hand-written floor shares (same batches, same draws)."""
+    out = []
+    for idx in parts:
+        n = len(idx)
+        per_epoch = -(-n // b)
+        perm = idx
+        rows = []
+        for s in range(steps):
+            if s % per_epoch == 0:
+                perm = idx[torch.randperm(n, generator=gen, device=idx.device)]
+            rows.append(perm[(s % per_epoch) * b : (s % per_epoch + 1) * b])
+        out.append(rows)
+    return out
+
+
+def run_plain_serial(
+    setup: FedAvgSetup, *, seed: int = 0, final: list[torch.Tensor] | None = None
+) -> float:
+    """A plain serial loop: one working model, each client in turn, torch.optim.SGD; s/round.
+    ``final``: filled with the last global model's tensors."""
     d = on_device(setup.data)
     model = mlp(setup.hidden, seed).to(DEVICE)
     eval_model = mlp(setup.hidden, seed).to(DEVICE)
@@ -240,19 +264,14 @@ def run_plain_serial(setup: FedAvgSetup, *, seed: int = 0) -> float:
     times: list[float] = []
     for _ in range(setup.rounds):
         new = [torch.zeros_like(p) for p in global_params]
-        for c, idx in enumerate(parts):
+        batches = round_rows(gen, parts, setup.steps_for(sizes[0]), setup.batch_size)
+        for c, rows_c in enumerate(batches):
             with torch.no_grad():
                 for p, g in zip(params, global_params, strict=True):
                     p.copy_(g)
             opt = torch.optim.SGD(params, lr=setup.lr)
             model.train()
-            n, b = len(idx), setup.batch_size
-            per_epoch = -(-n // b)
-            perm = idx
-            for s in range(setup.steps_for(n)):
-                if s % per_epoch == 0:
-                    perm = idx[torch.randperm(n, generator=gen, device=DEVICE)]
-                rows = perm[(s % per_epoch) * b : (s % per_epoch + 1) * b]
+            for rows in rows_c:
                 loss = F.cross_entropy(model(d.x[rows]), d.y[rows])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -265,13 +284,98 @@ def run_plain_serial(setup: FedAvgSetup, *, seed: int = 0) -> float:
                 p.copy_(g)
         _evaluate(eval_model, d.x_test, d.y_test)
         times.append(clock())
+    if final is not None:
+        final[:] = global_params
+    return per_round(times)
+
+
+def run_handwritten(
+    setup: FedAvgSetup,
+    *,
+    block: int,
+    seed: int = 0,
+    model: nn.Module | None = None,
+    final: list[torch.Tensor] | None = None,
+) -> float:
+    """The floor: plain PyTorch with a hand-written gradient over blocks of clients; s/round.
+
+    Per block, every step: the forward as one ``baddbmm`` per layer over the block's stacked
+    weights, the output error softmax − one-hot (÷ B), one ``bmm`` per weight gradient and per
+    propagated error (ReLU's mask), SGD in place; the block's weighted sum folded into the new
+    global model by one matrix product per tensor; the test set evaluated every round. The
+    batches are the plain serial loop's (:func:`round_rows`: same draws, same order), so the
+    two end at the same model to float tolerance (``tests/test_benchmarks.py``). ``model``:
+    the MLP (default: fedclock's ``mlp`` of ``setup.hidden``; its (weight, bias) pairs in
+    order are what is trained).
+    """
+    d = on_device(setup.data)
+    model = (model if model is not None else mlp(setup.hidden, seed)).to(DEVICE)
+    names = [n for n, _ in model.named_parameters()]
+    global_params = [p.detach().clone() for p in model.parameters()]
+    layers = len(global_params) // 2  # (weight, bias) per Linear
+    sizes = d.sizes
+    assert len(set(sizes)) == 1, "the floor assumes equal client sizes"
+    n, b = sizes[0], setup.batch_size
+    steps = setup.steps_for(n)
+    assert steps * b <= n or n % b == 0, "the floor assumes full batches"
+    parts = [torch.as_tensor(p, device=DEVICE) for p in d.parts]
+    total = sum(sizes)
+    w_all = torch.tensor([m / total for m in sizes], device=DEVICE)
+    x_rows = d.x.reshape(len(d.x), -1)
+    gen = torch.Generator(DEVICE).manual_seed(seed)
+    lr = setup.lr
+    times: list[float] = []
+    with torch.no_grad():
+        for _ in range(setup.rounds):
+            batches = round_rows(gen, parts, steps, b)
+            new = [torch.zeros_like(p) for p in global_params]
+            for start in range(0, len(parts), block):
+                rows = torch.stack([torch.stack(r) for r in batches[start : start + block]])
+                c = len(rows)
+                ws = [global_params[2 * i].expand(c, *global_params[2 * i].shape).clone()
+                      for i in range(layers)]  # fmt: skip
+                bs = [global_params[2 * i + 1].expand(c, *global_params[2 * i + 1].shape).clone()
+                      for i in range(layers)]  # fmt: skip
+                for s in range(steps):
+                    r = rows[:, s]  # (c, b)
+                    a = x_rows.index_select(0, r.reshape(-1)).view(c, b, -1)
+                    inputs, pre = [a], []
+                    for i in range(layers):
+                        z = torch.baddbmm(bs[i].unsqueeze(1), a, ws[i].transpose(1, 2))
+                        pre.append(z)
+                        if i < layers - 1:
+                            a = torch.relu(z)
+                            inputs.append(a)
+                    dz = torch.softmax(pre[-1], -1)
+                    dz.scatter_add_(-1, d.y[r].unsqueeze(-1), torch.full((c, b, 1), -1.0,
+                                                                        device=DEVICE))  # fmt: skip
+                    dz.mul_(1.0 / b)
+                    for i in range(layers - 1, -1, -1):
+                        gw = torch.bmm(dz.transpose(1, 2), inputs[i])
+                        gb = dz.sum(1)
+                        if i > 0:
+                            dz = torch.bmm(dz, ws[i]).mul_(pre[i - 1] > 0)
+                        ws[i].add_(gw, alpha=-lr)
+                        bs[i].add_(gb, alpha=-lr)
+                wb = w_all[start : start + c]
+                for i in range(layers):
+                    new[2 * i].add_((wb @ ws[i].view(c, -1)).view(new[2 * i].shape))
+                    new[2 * i + 1].add_(wb @ bs[i])
+            global_params = new
+            state = dict(zip(names, global_params, strict=True))
+            logits = functional_call(model, state, (d.x_test,))
+            _metrics(logits, d.y_test)
+            times.append(clock())
+    if final is not None:
+        final[:] = global_params
     return per_round(times)
 
 
 def run_floor(
     setup: FedAvgSetup, *, block: int, seed: int = 0, model: nn.Module | None = None
 ) -> float:
-    """The floor: a ``torch.func`` loop over blocks of clients, fused parameter updates; s/round.
+    """``vmap`` blocks (a reference, the floor before :func:`run_handwritten`): a
+    ``torch.func`` loop over blocks of clients, fused parameter updates; s/round.
 
     ``vmap(grad(loss))`` over the block's stacked parameters, one ``_foreach`` update per step,
     the block's weighted sum folded into the new global model with one matrix product per
@@ -447,10 +551,13 @@ round_minima: dict[str, list[float]] = {}  # per runner: the fastest round of ea
 def fedavg_benchmark(
     name: str, setup: FedAvgSetup, *, block: int, repeats: int, quick: bool
 ) -> dict[str, object]:
-    """The four runners of a FedAvg workload, interleaved; medians of s/round and the ratios."""
+    """The five runners of a FedAvg workload, interleaved; medians of s/round and the ratios.
+    "floor" is the hand-written-gradient loop (:func:`run_handwritten`), "vmap" the
+    ``torch.func`` blocks (:func:`run_floor`, the floor before it), kept as a reference."""
     runners: dict[str, Callable[[], float]] = {
         "plain_serial": lambda: run_plain_serial(setup),
-        "floor": lambda: run_floor(setup, block=block),
+        "floor": lambda: run_handwritten(setup, block=block),
+        "vmap": lambda: run_floor(setup, block=block),
         "serial": lambda: run_fedclock(setup, "serial"),
         "vectorized": lambda: run_fedclock(setup, "vectorized"),
     }
@@ -464,7 +571,9 @@ def fedavg_benchmark(
         "vectorized_s_per_round": med["vectorized"],
         "plain_serial_s_per_round": med["plain_serial"],
         "floor_s_per_round": med["floor"],
+        "vmap_s_per_round": med["vmap"],
         "vectorized_over_floor": med["vectorized"] / med["floor"],
+        "vectorized_over_vmap": med["vectorized"] / med["vmap"],
         "serial_over_plain_serial": med["serial"] / med["plain_serial"],
         "plain_serial_over_vectorized": med["plain_serial"] / med["vectorized"],
         "runs_s_per_round": runs,
@@ -495,7 +604,8 @@ def fedavg_rows(r: dict[str, object]) -> list[tuple[str, str]]:
     f = {k: v for k, v in r.items() if isinstance(v, float)}
     return [
         ("plain serial loop", f"{f['plain_serial_s_per_round']:.4f} s/round"),
-        ("floor (torch.func blocks)", f"{f['floor_s_per_round']:.4f} s/round"),
+        ("floor (hand-written gradient blocks)", f"{f['floor_s_per_round']:.4f} s/round"),
+        ("vmap blocks (torch.func, reference)", f"{f['vmap_s_per_round']:.4f} s/round"),
         ("fedclock serial", f"{f['serial_s_per_round']:.4f} s/round"),
         ("fedclock vectorized", f"{f['vectorized_s_per_round']:.4f} s/round"),
         ("vectorized / floor", f"{f['vectorized_over_floor']:.2f}×"),

@@ -6,7 +6,7 @@ For the w1-fedavg and w2-small shapes, each run is a fresh process timed from th
   script; synthetic MNIST-shaped data, 10,000 test samples, the vectorized executor, 2 torch
   threads);
 - **floor**: ``python -m benchmarks.startup_floor <shape>`` (torch, the same amount of
-  MNIST-shaped random data, a plain ``nn.Sequential`` MLP and the ``run_floor`` loop of
+  MNIST-shaped random data, a plain ``nn.Sequential`` MLP and the ``run_handwritten`` loop of
   ``benchmarks.common``).
 
 Figures per run: **wall** (from just before the process is spawned to its exit, reaped),

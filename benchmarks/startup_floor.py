@@ -5,8 +5,8 @@ for the w1-fedavg or w2-small workload, with nothing of fedclock in it.
 the workload's MNIST-shaped data (``benchmarks.common.mnist_like``: N(0, 1) pixels, labels
 from a random linear teacher; the same number of train and test samples as the fedclock
 config), builds a plain ``nn.Sequential`` MLP and runs the floor loop
-(``benchmarks.common.run_floor``: every round trains every client and evaluates on the whole
-test set), then exits. It prints one JSON line: ``first_round_at`` and ``last_round_at``
+(``benchmarks.common.run_handwritten``: hand-written gradients over blocks of clients; every
+round trains every client and evaluates on the whole test set), then exits. It prints one JSON line: ``first_round_at`` and ``last_round_at``
 (``time.perf_counter()`` when the first round starts and when the last one ends: on Linux the
 system-wide monotonic clock, so the parent can subtract its own start time) and the loop's
 seconds per round.
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
         setup = dataclasses.replace(setup, rounds=int(argv[1]))
     model = plain_mlp(setup.hidden)
     first = time.perf_counter()
-    s_per_round = common.run_floor(
+    s_per_round = common.run_handwritten(
         setup, block=module.floor_block(len(setup.data.parts)), model=model
     )
     last = time.perf_counter()
