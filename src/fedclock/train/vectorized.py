@@ -294,6 +294,7 @@ class VectorizedExecutor:
         # mask), whether they are each task's own (C, ...) (transient shapes), whether
         # masked-out elements stay at the base (else zero), Σ_k g_k² per client (PruneFL)
         self._block_masks: list[tuple[int, torch.Tensor]] = []
+        self._block_flat: torch.Tensor | None = None  # the block's parameters, when one buffer
         self._masks_per_task = False
         self._mask_base = False
         self._block_sq: list[torch.Tensor] | None = None
@@ -681,9 +682,20 @@ class VectorizedExecutor:
         slice per client, updated in place by each step; None without BatchNorm)."""
         base = tasks[0].base
         n_clients = len(tasks)
-        if shared:  # one snapshot: expand it
+        self._block_flat = None
+        if shared:  # one snapshot: expand it, every client's copy in one flat buffer
             base_params = [cut(base.params[n], n).to(self.device) for n in names]
-            params = [p.unsqueeze(0).expand(n_clients, *p.shape).clone() for p in base_params]
+            flat = torch.empty(
+                n_clients * sum(p.numel() for p in base_params),
+                dtype=base_params[0].dtype, device=self.device,
+            )  # fmt: skip
+            params, at = [], 0
+            for p in base_params:
+                v = flat[at : at + n_clients * p.numel()].view(n_clients, *p.shape)
+                v.copy_(p.unsqueeze(0).expand(n_clients, *p.shape))
+                params.append(v)
+                at += v.numel()
+            self._block_flat = flat  # (the flat step trains it in place: no second copy)
             frozen = {n: base.params[n].to(self.device) for n in fixed}
         else:  # tasks on different (stale) versions: stack each task's own base
             params = [
@@ -854,20 +866,27 @@ class VectorizedExecutor:
         assert grad is not None and not self._mask_base  # (_by_hand: masked elements are 0)
         local, lr = self.local, self._block_lr
 
-        def flat_of(ts: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-            # one buffer, tensor after tensor, each a contiguous (C, …) view
+        def flat_of(
+            ts: Sequence[torch.Tensor], fill: bool = True
+        ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+            # one buffer, tensor after tensor, each a contiguous (C, …) view (``fill``: of
+            # ``ts``' values; else of ``ts``' shapes, its values unset)
             buf = torch.empty(sum(t.numel() for t in ts), dtype=ts[0].dtype, device=ts[0].device)
             views, at = [], 0
             for t in ts:
                 v = buf[at : at + t.numel()].view(t.shape)
-                v.copy_(t)
+                if fill:
+                    v.copy_(t)
                 views.append(v)
                 at += t.numel()
             return buf, views
 
-        p_flat, p_views = flat_of(params)
-        params[:] = p_views
-        g_flat, g_views = flat_of([torch.empty_like(p) for p in params])
+        if self._block_flat is not None:  # the block's parameters are one buffer already
+            p_flat, p_views = self._block_flat, list(params)
+        else:
+            p_flat, p_views = flat_of(params)
+            params[:] = p_views
+        g_flat, g_views = flat_of(params, fill=False)  # (every step overwrites the gradient)
         out = dict(zip(names, g_views, strict=True))
         state = dict(zip(names, p_views, strict=True))
         moms: list[torch.Tensor] = []
