@@ -34,6 +34,7 @@ BENCHMARKS = {
     "fedraa-step": "benchmarks.fedraa_step",
     "trace-scale": "benchmarks.trace_scale",
     "selection-scale": "benchmarks.selection_scale",
+    "w2-parts": "benchmarks.w2_parts",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -48,10 +48,13 @@ _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 def splitmix64_array(z: np.ndarray) -> np.ndarray:
     """:func:`splitmix64` element-wise over a ``uint64`` array (arithmetic wraps mod 2⁶⁴)."""
     with np.errstate(over="ignore"):
-        z = z + _GAMMA
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
+        z = z + _GAMMA  # (a new array: the steps below work in place on it)
+        z ^= z >> np.uint64(30)
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        z ^= z >> np.uint64(27)
+        z *= np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+        return z
 
 
 def counter_key(seed: int, purpose: str, *ids: int) -> int:
