@@ -959,7 +959,7 @@ class VectorizedExecutor:
                 for i, m in self._block_masks:  # Δ = 0 outside the fragment
                     params[i].mul_(m)
                 # each client's row of every tensor (views), client after client
-                flat = [v for row in zip(*(p.unbind(0) for p in params)) for v in row]
+                flat = [v for row in zip(*(p.unbind(0) for p in params), strict=True) for v in row]
             else:
                 rows = [p[j] for j in range(len(tasks)) for p in params]
                 refs = (
