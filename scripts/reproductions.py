@@ -1722,6 +1722,58 @@ def fleet_paired(res: Results) -> str:
     return table_md(header, rows)
 
 
+#: the page's comparisons: (label, the method, the one it is compared with)
+FLEET_PAIRS = (
+    ("Oort against random selection", "fedavg-selection.name=oort", "fedavg"),
+    ("TiFL against random selection", "fedavg-selection.name=tifl", "fedavg"),
+    (
+        "REFL against drop-stragglers at random",
+        "drop-stragglers-salf.scenario=null-selection.name=refl",
+        "drop-stragglers-salf.scenario=null",
+    ),
+    ("SALF against FedAvg, both over every online device", "salf", "fedavg-client_fraction=1"),
+    (
+        "FedAvg over every online device against 10 % at random",
+        "fedavg-client_fraction=1",
+        "fedavg",
+    ),
+    ("FedBuff against FedAvg at random", "fedbuff", "fedavg"),
+    ("Fed-RAA against FedAvg at random", "fed-raa", "fedavg"),
+)
+
+
+def fleet_summary(res: Results) -> str:
+    """One line per comparison: the paired accuracy differences at the first and last
+    read-out, their sign in every seed, and the compute and waste of each side."""
+    seeds = _fleet_seeds(res)
+    first, last = FLEET_TIMES[0], FLEET_TIMES[-1]
+    lines = []
+    for label, a, b in FLEET_PAIRS:
+        if not (res.seeds(a) and res.seeds(b)):
+            continue
+        diff = {}
+        for t in (first, last):
+            x, y = res.per_seed(a, f"acc@{t}", seeds), res.per_seed(b, f"acc@{t}", seeds)
+            diff[t] = [100 * (u - v) for u, v in zip(x, y, strict=True)]
+
+        def mean(cell: str, metric: str) -> float:
+            got = [v for v in res.per_seed(cell, metric, seeds) if not math.isnan(v)]
+            return statistics.mean(got) if got else math.nan
+
+        spent = [mean(c, "spent_h") for c in (a, b)]
+        waste = [100 * mean(c, "wasted") for c in (a, b)]
+        steps = [mean(c, "aggregations") for c in (a, b)]
+        lines.append(
+            f"- **{label}**: {spread(diff[first])} points at {first / 3600:g} h "
+            f"({sign_verdict(diff[first], +1)}), {spread(diff[last])} at {last / 3600:g} h "
+            f"({sign_verdict(diff[last], +1)}); {steps[0]:,.0f} against {steps[1]:,.0f} server "
+            f"steps, {spent[0]:,.0f} against {spent[1]:,.0f} device-hours of compute "
+            f"({spent[0] / spent[1]:.1f}×), {waste[0]:.1f} % against {waste[1]:.1f} % of it "
+            "wasted."
+        )
+    return "\n".join(lines)
+
+
 FLEET = register(
     Table(
         name="fleet",
@@ -1738,7 +1790,7 @@ FLEET = register(
             "--out {root}/fleet",
         ),
         collect=fleet_collect,
-        blocks={"table": fleet_table, "paired": fleet_paired},
+        blocks={"table": fleet_table, "paired": fleet_paired, "summary": fleet_summary},
         tolerance={
             "acc": 0.005,
             "t90": 300.0,

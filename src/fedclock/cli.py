@@ -827,6 +827,10 @@ def _compare_table(
     for m in HEADLINE:
         if m.console not in ("always", family) or (m.key == "cis_accuracy" and not cis):
             continue
+        if m.console != "always" and not any(
+            math.isfinite(r.get(f"{m.key}_mean", math.nan)) for r in rows
+        ):  # (a metric no run has, e.g. offline losses without a trace's availability)
+            continue
         label = metric_label(m.key, m.label, cis=cis)
         if m.key == "time_to_target":
             label = f"time to {target:g} (s)" if target else "time to target"
