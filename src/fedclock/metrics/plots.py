@@ -111,12 +111,17 @@ def plot_groups(
 ) -> Path:
     """One line per group (mean over its runs, ±std band when several) vs time and vs
     aggregations; ``y_min``: the lower end of the metric's axis (default: matplotlib's)."""
-    fig, (ax_t, ax_a) = plt.subplots(1, 2, figsize=(11, 4.2))
+    many = len(groups) > 4  # (a legend of many lines goes below the panels, not over them)
+    rows = -(-len(groups) // 2) if many else 0
+    height = 4.2 + 0.2 * rows
+    fig, (ax_t, ax_a) = plt.subplots(1, 2, figsize=(11, height))
+    ends: list[float] = []  # each group's last server step
     for i, (label, runs) in enumerate(groups.items()):
         runs = [r for r in runs if r]
         if not runs:
             continue
         color = colour(i, len(groups))
+        ends.append(max(float(r["aggregation"][-1]) for r in runs if len(r["aggregation"])))
         for ax, xkey in ((ax_t, "virtual_time"), (ax_a, "aggregation")):
             if len(runs) == 1:
                 # a metric holds until the next evaluation
@@ -143,10 +148,20 @@ def plot_groups(
         ax.grid(alpha=0.3)
         if y_min is not None:
             ax.set_ylim(bottom=y_min)
-    ax_t.legend(loc="lower right", fontsize=9)
+    if ends and max(ends) > 50 * max(1.0, min(ends)):
+        # server steps that differ by orders of magnitude (asynchronous against rounds): a
+        # log scale shows both
+        ax_a.set_xscale("symlog", linthresh=1.0)
+        ax_a.set_xlim(left=0.0)
+        ax_a.set_xlabel("aggregation (server step, log scale)")
+    if many:
+        handles, labels = ax_t.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    else:
+        ax_t.legend(loc="lower right", fontsize=9)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0.0, (0.1 + 0.19 * rows) / height if many else 0.0, 1.0, 1.0))
     return _save(fig, out)
 
 
