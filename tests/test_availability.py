@@ -109,16 +109,37 @@ def test_lost_tasks_show_as_offline_in_the_timeline_and_the_summary(tmp_path: Pa
 
 @pytest.mark.parametrize(
     ("strategy", "words"),
-    [
-        ({"name": "prunefl"}, "does not handle devices that go offline"),
-        ({"name": "fedbuff", "buffer_size": 2, "concurrency": 3}, "concurrency"),
-    ],
+    [({"name": "prunefl"}, "does not handle devices that go offline")],
 )
 def test_strategies_that_do_not_handle_offline_devices_say_so(
     tmp_path: Path, strategy: dict[str, Any], words: str
 ) -> None:
     with pytest.raises(ConfigError, match=words):
         run_experiment(load_config(raw=_raw(strategy=strategy)), run_dir=tmp_path)
+
+
+@pytest.mark.parametrize("selection", ["random", "oort", "refl"])
+def test_a_concurrency_gives_its_slots_to_online_devices(selection: str) -> None:
+    """FedBuff with 3 of 6 clients training at once on the fleet: every task starts on an
+    online device, never more than 3 run at once, a lost task frees its slot for an online
+    client, and the run goes on (uniformly drawn, or Oort's or REFL's pick)."""
+    raw = _raw(strategy={"name": "fedbuff", "buffer_size": 2, "concurrency": 3},
+               selection={"name": selection})  # fmt: skip
+    sim, w = _simulate(raw, 10)
+    avail = sim.population.availability
+    assert avail is not None and sim.counters.aggregations == 10
+    for t in w.dispatched:
+        assert avail.online(t.client, t.t_start), (t.client, t.t_start)
+    ends = {t.task_id: t.t_finish for t in w.dispatched}
+    for at, t in w.lost:
+        ends[t.task_id] = at
+    events = sorted([(e, -1) for e in ends.values()] + [(t.t_start, 1) for t in w.dispatched])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    assert peak <= 3
+    assert w.lost, "the fleet loses some tasks"
 
 
 def test_the_chrome_trace_has_complete_events_and_the_offline_ends(tmp_path: Path) -> None:

@@ -159,6 +159,9 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
     "oort-fedbuff": {"strategy.name": "fedbuff", "strategy.buffer_size": 2,
                      "strategy.concurrency": 3, "selection.name": "oort",
                      "budget.aggregations": 8},
+    "availability-fedbuff-concurrency": {"population.scenario": "trace", "population.trace": str(
+        Path(__file__).parent / "data" / "trace-availability"), "strategy.name": "fedbuff",
+        "strategy.buffer_size": 2, "strategy.concurrency": 3, "budget.aggregations": 8},
     "oort-availability": {"population.scenario": "trace", "population.trace": str(
         Path(__file__).parent / "data" / "trace-availability"), "strategy.client_fraction": 0.5,
         "selection.name": "oort", "budget.aggregations": 6},

@@ -31,6 +31,7 @@ task duration, or the server's running estimate from observed update times.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -238,6 +239,7 @@ class _AllClients:
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = (
         "concurrency", "_idle", "_draws", "_rng", "_queue", "_batch", "_heard", "_sent",
+        "_empty", "_slot_timer",
     )  # fmt: skip
 
     def __init__(self, times: UpdateTimes, *, concurrency: int | None = None) -> None:
@@ -258,6 +260,10 @@ class _AllClients:
         self._batch = 0
         self._heard: list[Contribution] = []
         self._sent: list[Task] = []
+        # with a concurrency on a fleet whose devices come and go: slots waiting for an idle
+        # client whose device is online, and when the timer that looks again is set
+        self._empty = 0
+        self._slot_timer = math.inf
 
     def _start(self, ctx: Context, client: int) -> None:
         if ctx.has_availability and not ctx.online(client):  # it starts when it comes back
@@ -274,26 +280,66 @@ class _AllClients:
 
     def on_lost(self, ctx: Context, task: Task) -> None:
         """The client's device went offline mid-task: its work is lost, and it starts a new
-        task (on the model of then) when its device is online again."""
+        task (on the model of then) when its device is online again — or, under a
+        concurrency, it joins the idle clients and its slot goes to an online one."""
+        if self.concurrency is not None:
+            self._idle.append(task.client)
+            self._fill(ctx)
+            return
         self._wait_online(ctx, task.client)
 
     def _online_timer(self, ctx: Context, tag: Any) -> bool:
-        """Handle an ("online", client) timer; whether ``tag`` was one."""
+        """Handle an ("online", client) or a ("slots",) timer; whether ``tag`` was one."""
         if isinstance(tag, tuple) and tag[0] == "online":
             if not ctx.stopping:
                 self._start(ctx, int(tag[1]))
             return True
+        if isinstance(tag, tuple) and tag[0] == "slots":
+            self._slot_timer = math.inf
+            if not ctx.stopping:
+                waiting, self._empty = self._empty, 0
+                for _ in range(waiting):
+                    self._fill(ctx)
+            return True
         return False
+
+    # -- a concurrency on a fleet whose devices come and go
+    def _online_idle(self, ctx: Context) -> list[int]:
+        """The idle clients whose device is online now, in client order."""
+        online = np.zeros(ctx.num_clients, dtype=bool)
+        online[ctx.online_clients()] = True
+        return sorted(c for c in self._idle if online[c])
+
+    def _fill(self, ctx: Context) -> None:
+        """Give one slot to an idle client whose device is online (drawn uniformly, or the
+        selection's next pick among them); when none is, the slot waits until the first
+        idle device comes online."""
+        if ctx.stopping:
+            return
+        if self.selection is not None:
+            client = self._take_selected(ctx)
+        else:
+            pool = self._online_idle(ctx)
+            client = None
+            if pool:
+                client = pool[int((self._draws or self._refill()).pop() * len(pool))]
+                self._idle.remove(client)
+        if client is None:
+            self._empty += 1
+            back = min((ctx.next_online(c) for c in self._idle), default=math.inf)
+            if math.isfinite(back) and back < self._slot_timer:
+                self._slot_timer = back
+                ctx.set_timer(back, ("slots",))
+            return
+        task = ctx.start(client)
+        if self.selection is not None:
+            self._sent.append(task)
+        if self._estimating:
+            self.times.started(client, ctx.now)
 
     def _start_all(self, ctx: Context) -> None:
         self.times.setup(ctx)
         n = ctx.num_clients
-        if ctx.has_availability and self.concurrency is not None and self.concurrency < n:
-            raise ConfigError(
-                "A concurrency below the population (strategy.concurrency) does not handle "
-                "devices that go offline yet: leave it unset (every client works) on a trace "
-                "with availability.csv."
-            )
         if self.concurrency is None or self.concurrency >= n:
             self.concurrency = None
             for c in range(n):
@@ -303,6 +349,11 @@ class _AllClients:
         self._idle = list(range(n))
         if self.selection is not None:
             self.selection.setup(ctx)
+        if ctx.has_availability:  # the slots go to online clients only
+            for _ in range(self.concurrency):
+                self._fill(ctx)
+            return
+        if self.selection is not None:
             for _ in range(self.concurrency):
                 self._start_selected(ctx)
             return
@@ -324,25 +375,35 @@ class _AllClients:
         idle.pop()
         return client
 
-    def _take_selected(self, ctx: Context) -> int:
+    def _take_selected(self, ctx: Context) -> int | None:
         """The next client the selection picked (a new pick of C idle clients when none is
         left), removed from the idle ones; the task it starts is remembered for the pick's
-        feedback."""
+        feedback. With availability the pick is among the online idle clients, and a picked
+        client whose device has gone offline since is passed over; None: none is online."""
         assert self.selection is not None and self.concurrency is not None
+        avail = ctx.has_availability
+        while self._queue and avail and not ctx.online(self._queue[-1]):
+            self._queue.pop()  # (it stays idle)
         if not self._queue:
             if self._batch:  # what the last pick led to
                 self.selection.on_round(ctx, self._batch - 1, self._heard, self._sent)
                 self._heard, self._sent = [], []
-            idle = np.sort(np.array(self._idle, dtype=np.int64))
+            pool = self._online_idle(ctx) if avail else self._idle
+            if not pool:
+                return None
+            idle = np.sort(np.array(pool, dtype=np.int64))
             picked = self.selection.select(ctx, self._batch, idle, min(self.concurrency, len(idle)))
             self._batch += 1
             self._queue = picked.tolist()[::-1]  # (popped from the end: in client order)
+            if not self._queue:
+                return None
         client = self._queue.pop()
         self._idle.remove(client)
         return client
 
     def _start_selected(self, ctx: Context) -> None:
         client = self._take_selected(ctx)
+        assert client is not None  # (without availability every idle client can start)
         self._sent.append(ctx.start(client))
         if self._estimating:
             self.times.started(client, ctx.now)
@@ -351,6 +412,10 @@ class _AllClients:
         """``client``'s update has been used: it (or, with a concurrency, a random idle client)
         starts (with availability: when its device is online)."""
         if ctx.has_availability:
+            if self.concurrency is not None:  # it joins the idle; an online one takes the slot
+                self._idle.append(client)
+                self._fill(ctx)
+                return
             self._start(ctx, client)
             return
         if self.selection is not None:  # the slot goes to the selection's next pick

@@ -296,7 +296,8 @@ class Oort:
         from fedclock.train.statistics import statistics_of, utility
 
         old, new = [], []
-        for c in used:
+        last = {c.client: c for c in used}  # (a client heard twice: its latest update)
+        for c in last.values():
             stats = statistics_of(c)
             if stats is None:
                 continue
