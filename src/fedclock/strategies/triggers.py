@@ -49,6 +49,12 @@ class SyncRounds:
     nothing to send still computes until ``t_max`` (a full task dispatched without its
     training compute and cancelled then: spent and wasted). A round in which nobody has
     anything to send and no deadline runs is aggregated at once (an empty commit).
+
+    ``selection`` (:mod:`fedclock.strategies.selection`: Oort, TiFL, REFL) chooses each
+    round's participants among the online clients instead of the uniform draw, and hears
+    the round's used contributions. ``keep_late`` (REFL's staleness-aware aggregation): a
+    participant that cannot meet the deadline is not cut; its task trains on, arrives after
+    its round and is committed, stale, with the next round to close.
     """
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = (
@@ -75,7 +81,7 @@ class SyncRounds:
         self.client_fraction = client_fraction
         self.t_max = t_max
         self.work = work
-        # whom a round asks (strategies/selection.py: Oort, TiFL); None: uniformly
+        # whom a round asks (strategies/selection.py: Oort, TiFL, REFL); None: uniformly
         self.selection = selection
         self.round = 0
         self._outstanding: dict[int, Task] = {}
