@@ -7,7 +7,7 @@ from benchmarks import common
 from benchmarks.common import FedAvgSetup, fedavg_benchmark, fedavg_rows, mnist_like
 
 NAME = "w1-fedavg"
-FLOOR_BLOCK = 25
+FLOOR_BLOCK = 10  # (the fastest hand-written block on the reference CPU: docs/benchmarks.md)
 
 
 def setup(*, quick: bool = False) -> FedAvgSetup:

@@ -30,10 +30,12 @@ the same round, so the stacked parameters become the deltas in place and the
 contributions share them as views. Blocks hold at most
 ``max_batch_clients`` clients; the automatic default keeps the largest stacked
 tensor of a block (a parameter/gradient, or an activation) under
-``block_bytes`` (16 MiB): larger blocks are *slower* on CPU, because tensors
-above glibc's mmap threshold (32 MiB at most) are returned to the OS on every
-free and page-faulted back on the next step (on the reference machine, all 100
-W1 clients at once ran ≈ 1.3× slower than blocks of 20–25). On a GPU, where
+``block_bytes`` (6 MiB): larger blocks are *slower* on CPU — tensors above glibc's
+mmap threshold (32 MiB at most) are returned to the OS on every free and page-faulted
+back on the next step (on the reference machine, all 100 W1 clients at once ran ≈ 1.3×
+slower than blocks of 20–25), and even below it a block whose stacked tensors stay in
+the caches steps faster (W1, 2 threads: 0.351 s/round at 10 clients a block against
+0.465 s at the 26 of the former 16-MiB bound; docs/benchmarks.md). On a GPU, where
 bigger blocks only fill the device better, the bound is ``CUDA_BLOCK_BYTES``
 (256 MiB) instead.
 
@@ -103,7 +105,7 @@ from fedclock.train.mlp_grad import MlpGrad, mlp_linears
 
 log = logging.getLogger("fedclock")
 
-BLOCK_BYTES = 16 * 2**20
+BLOCK_BYTES = 6 * 2**20
 """Default bound on the largest stacked tensor of a block on CPU (see the module docstring)."""
 CUDA_BLOCK_BYTES = 256 * 2**20
 """The same bound on a CUDA device."""
