@@ -4,7 +4,7 @@ only; docs/traces.md says where to get them).
 
     python scripts/fedscale_fleet.py --clients 200 --seed 0 --out traces/fleet-pickles
     fedclock trace import fedscale traces/fleet-pickles/client_device_capacity \\
-        traces/fleet-pickles/client_behave_trace --reference-flops 1.6e5 --out traces/fleet
+        traces/fleet-pickles/client_behave_trace --reference-flops 3.2e5 --out traces/fleet
 
 ``client_device_capacity``: {client id: {'computation': ms per sample, 'communication':
 kbit/s}}; ``client_behave_trace``: {client id: {'duration', 'inactive', 'finish_time',

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import gc
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,13 +57,48 @@ def fake_cifar(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _data_args(raw: dict[str, Any], cifar: Path) -> list[str]:
+@pytest.fixture(scope="module")
+def fleet_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The trace a trace-driven preset names (traces/fleet, gitignored), made by the two
+    commands its doc page gives: scripts/fedscale_fleet.py, then `fedclock trace import`."""
+    root = tmp_path_factory.mktemp("fleet")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "fedscale_fleet.py"
+    made = subprocess.run(
+        [sys.executable, str(script), "--clients", "200", "--seed", "0", "--out", str(root)],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    res = runner.invoke(
+        app,
+        [
+            "trace",
+            "import",
+            "fedscale",
+            str(root / "client_device_capacity"),
+            str(root / "client_behave_trace"),
+            "--reference-flops",
+            "3.2e5",
+            "--out",
+            str(root / "trace"),
+        ],
+    )
+    assert res.exit_code == 0, res.stderr or res.stdout
+    return root / "trace"
+
+
+def _data_args(raw: dict[str, Any], cifar: Path, trace: Path) -> list[str]:
+    """The data a preset reads (shared MNIST/Shakespeare, fake CIFAR) and, when it runs on a
+    device trace, the trace built by the fixture above in place of its relative folder."""
     name = raw["data"]["name"]
+    args: list[str] = []
     if name in ("mnist", "shakespeare"):
-        return ["--data-dir", str(require_data(name))]
-    if name in ("cifar10", "cifar100"):
-        return ["--data-dir", str(cifar)]
-    return []
+        args = ["--data-dir", str(require_data(name))]
+    elif name in ("cifar10", "cifar100"):
+        args = ["--data-dir", str(cifar)]
+    if raw.get("population", {}).get("trace"):
+        args += ["--set", f"population.trace={trace}"]
+    return args
 
 
 def _first_seed(raw: dict[str, Any]) -> list[str]:
@@ -80,9 +117,9 @@ def _setup_bound(raw: dict[str, Any]) -> list[str]:
     return []
 
 
-def _grid_args(raw: dict[str, Any], cifar: Path) -> list[str]:
+def _grid_args(raw: dict[str, Any], cifar: Path, trace: Path) -> list[str]:
     """A comparison's or sweep's arguments: its data, its first seed, the set-up bound."""
-    return [*_data_args(raw, cifar), *_first_seed(raw), *_setup_bound(raw)]
+    return [*_data_args(raw, cifar, trace), *_first_seed(raw), *_setup_bound(raw)]
 
 
 def _invoke(args: list[str]) -> dict[str, Any]:
@@ -101,10 +138,19 @@ def test_the_presets_command_lists_every_preset() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
-def test_every_preset_runs_as_shipped(tmp_path: Path, preset: str, fake_cifar: Path) -> None:
+def test_every_preset_runs_as_shipped(
+    tmp_path: Path, preset: str, fake_cifar: Path, fleet_trace: Path
+) -> None:
     raw = load_preset(preset)
     summary = _invoke(
-        ["run", "--preset", preset, *_data_args(raw, fake_cifar), "--out", str(tmp_path)]
+        [
+            "run",
+            "--preset",
+            preset,
+            *_data_args(raw, fake_cifar, fleet_trace),
+            "--out",
+            str(tmp_path),
+        ]
     )
     assert summary["status"] == "completed" and summary["aggregations"] == 1
 
@@ -113,10 +159,19 @@ def test_every_preset_runs_as_shipped(tmp_path: Path, preset: str, fake_cifar: P
 @pytest.mark.parametrize(
     "preset", [p for p in PRESETS if load_preset(p).get("compare", {}).get("strategies")]
 )
-def test_every_preset_compares_as_shipped(tmp_path: Path, preset: str, fake_cifar: Path) -> None:
+def test_every_preset_compares_as_shipped(
+    tmp_path: Path, preset: str, fake_cifar: Path, fleet_trace: Path
+) -> None:
     raw = load_preset(preset)
     result = _invoke(
-        ["compare", "--preset", preset, *_grid_args(raw, fake_cifar), "--out", str(tmp_path)]
+        [
+            "compare",
+            "--preset",
+            preset,
+            *_grid_args(raw, fake_cifar, fleet_trace),
+            "--out",
+            str(tmp_path),
+        ]
     )
     compare = raw["compare"]
     assert len(result["rows"]) == len(compare["strategies"])
@@ -130,7 +185,9 @@ def test_every_preset_compares_as_shipped(tmp_path: Path, preset: str, fake_cifa
 @pytest.mark.parametrize(
     "preset", [p for p in PRESETS if load_preset(p).get("compare", {}).get("over")]
 )
-def test_every_preset_sweeps_as_shipped(tmp_path: Path, preset: str, fake_cifar: Path) -> None:
+def test_every_preset_sweeps_as_shipped(
+    tmp_path: Path, preset: str, fake_cifar: Path, fleet_trace: Path
+) -> None:
     """At the swept field's two ends (the smallest deadline, the most stragglers …), every
     strategy; each value in between is validated by the fast test below."""
     raw = load_preset(preset)
@@ -139,7 +196,15 @@ def test_every_preset_sweeps_as_shipped(tmp_path: Path, preset: str, fake_cifar:
     texts = raw["compare"]["over"][0].partition("=")[2].split(",")  # as the preset writes them
     over = ["--over", f"{path}={texts[0]},{texts[-1]}"]
     result = _invoke(
-        ["sweep", "--preset", preset, *_grid_args(raw, fake_cifar), *over, "--out", str(tmp_path)]
+        [
+            "sweep",
+            "--preset",
+            preset,
+            *_grid_args(raw, fake_cifar, fleet_trace),
+            *over,
+            "--out",
+            str(tmp_path),
+        ]
     )
     cells = {(r["strategy"], r[path]) for r in result["rows"]}
     assert cells == {(s, v) for s in raw["compare"]["strategies"] for v in ends}
