@@ -470,6 +470,119 @@ def run(
         raise typer.Exit(130 if result.summary["status"] == "interrupted" else 3)
 
 
+def _slow_nodes(items: list[str] | None, nodes: int) -> dict[int, float]:
+    """``--slow CLIENT=FACTOR`` as {client: factor} (each a device of the local fleet)."""
+    from fedclock.errors import ConfigError
+
+    out: dict[int, float] = {}
+    for item in items or []:
+        left, sep, right = item.partition("=")
+        try:
+            client, factor = int(left), float(right)
+        except ValueError:
+            client, factor = -1, 0.0
+        if not sep or not 0 <= client < nodes or not factor >= 1.0:
+            raise ConfigError(
+                f"--slow {item!r}: give CLIENT=FACTOR with CLIENT in 0..{nodes - 1} and "
+                "FACTOR ≥ 1 (how many times slower that device runs)."
+            )
+        out[client] = factor
+    return out
+
+
+@app.command()
+def deploy(
+    config: ConfigArg = None,
+    preset: PresetOpt = None,
+    set_: SetOpt = None,
+    local: Annotated[
+        int,
+        typer.Option(
+            "--local",
+            help="Devices to start on this machine, one per client (sets partition.num_clients).",
+            min=1,
+        ),
+    ] = 4,
+    slow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--slow",
+            help="CLIENT=FACTOR: that device runs FACTOR times slower (repeatable).",
+        ),
+    ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="flower: a Flower SuperLink and one SuperNode per device, real processes "
+            "(pip install 'fedclock[flower]'); threads: the devices as threads of this process.",
+        ),
+    ] = "flower",
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Give up after this many seconds (flower).")
+    ] = 600.0,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Run directory (default runs/<name>-<strategy>-<time>)."),
+    ] = None,
+    data_dir: DataDirOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Run a strategy on real devices in real time (docs/deploy.md): the same strategy
+    objects as the simulator, a deadline sent to each device as its time budget, every reply
+    checked; the usual run folder, with measured times."""
+    from fedclock.errors import ConfigError
+
+    console = _console(json_out, quiet)
+    with _user_errors():
+        if engine not in ("flower", "threads"):
+            raise ConfigError(f"--engine {engine!r}: choose flower or threads.")
+        sets = [*(set_ or []), f"partition.num_clients={local}"]
+        cfg = _load(config, preset, sets, data_dir, console=console)
+        _fresh_run_dir(out, cfg)
+        slowed = _slow_nodes(slow, local)
+        from fedclock.experiment import default_run_dir
+
+        run_dir = out or default_run_dir(cfg)
+        if engine == "threads":
+            from fedclock.deploy.local import LocalDevices
+            from fedclock.deploy.run import deploy as deploy_run
+
+            with _progress(console, quiet) as progress:
+                result = deploy_run(
+                    cfg, run_dir, LocalDevices(cfg, slow=slowed), engine_name="threads",
+                    argv=sys.argv, progress=_Bar(progress, cfg, cfg.strategy.name),
+                )  # fmt: skip
+            summary, error = result.summary, result.error
+        else:
+            from fedclock.config import to_yaml
+            from fedclock.deploy.local import run_flower_local
+            from fedclock.metrics.recorder import read_summary
+
+            run_dir.mkdir(parents=True, exist_ok=True)
+            config_path = run_dir / "deploy-config.yaml"
+            config_path.write_text(to_yaml(cfg))
+            console.print(f"starting a Flower SuperLink and {local} SuperNodes on 127.0.0.1 …")
+            code = run_flower_local(config_path, run_dir, local, slow=slowed, timeout=timeout)
+            got = read_summary(run_dir)
+            if code != 0 or got is None:
+                raise ConfigError(
+                    f"The Flower deployment failed (flwr run exited {code}); its logs are in "
+                    f"{run_dir / 'flower' / 'logs'}."
+                )
+            summary, error = got, None
+    console.print(_summary_table(summary, run_dir))
+    _write_report(console, run_dir)
+    if json_out:
+        from fedclock.metrics.recorder import json_safe
+
+        typer.echo(json.dumps({**json_safe(summary), "run_dir": str(run_dir)}))
+    if error:
+        Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        raise typer.Exit(130 if summary["status"] == "interrupted" else 3)
+
+
 def _csv_list(text: str | None, cast: Callable[[str], Any]) -> list[Any]:
     if not text:
         return []

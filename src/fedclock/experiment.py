@@ -336,6 +336,7 @@ class _Parts:
     columns: tuple[str, ...]  # their metrics.csv columns beyond METRIC_COLUMNS
     validation: BestValidation | None
     client_losses: ClientLossEvaluator | None
+    full_flops: float = 0.0  # a full task's FLOPs per sample (forward and backward)
 
 
 def _build(cfg: ExperimentConfig, lockstep: tuple[Any, int] | None) -> _Parts:
@@ -383,9 +384,31 @@ def _build(cfg: ExperimentConfig, lockstep: tuple[Any, int] | None) -> _Parts:
         momentum_store=strategy.client_state.momentum,
     )  # fmt: skip
     importance = client_importance(sizes.tolist(), cfg.strategy.weights)
-    return _Parts(strategy, population, executor, initial, sizes, importance, device,
-                  *_evaluators(cfg, ds, val_xy, new_model, data, tree, device, importance,
-                               lockstep))  # fmt: skip
+    built = _Parts(strategy, population, executor, initial, sizes, importance, device,
+                   *_evaluators(cfg, ds, val_xy, new_model, data, tree, device, importance,
+                                lockstep))  # fmt: skip
+    built.full_flops = sum(info.layer_fwd_flops) + sum(info.layer_bwd_flops)
+    return built
+
+
+def device_parts(cfg: ExperimentConfig) -> tuple[Any, Any, Callable[[Any, int], float]]:
+    """A real device's part of ``cfg`` (fedclock.deploy.device): the serial executor that
+    trains its tasks (the same data, partition, model and local rule as the simulation),
+    the model's layout as work shapes see it (None for full-model strategies), and a task's
+    FLOPs by (work shape, samples)."""
+    cfg = cfg.model_copy(
+        update={"executor": cfg.executor.model_copy(update={"kind": "serial", "device": "cpu"})}
+    )
+    parts = _build(cfg, None)
+    layout = parts.strategy.needs.layout
+    per_sample = parts.full_flops
+
+    def flops(shape: Any, samples: int) -> float:
+        if layout is None:
+            return per_sample * samples
+        return float(shape.cost(layout, samples).flops)
+
+    return parts.executor, layout, flops
 
 
 def _model_factory(cfg: ExperimentConfig, ds: Dataset) -> Callable[[], torch.nn.Module]:
@@ -446,11 +469,14 @@ def run_experiment(
     argv: list[str] | None = None,
     resume: bool = False,
     lockstep: tuple[Any, int] | None = None,
+    engine: Callable[..., Simulator] | None = None,
 ) -> RunResult:
     """Run one experiment; always leaves a complete run directory, even on divergence or Ctrl-C.
 
     ``resume``: continue the run in ``run_dir`` from its checkpoint (from the start if it has
     none); the result is the one an uninterrupted run gives, wall-clock columns aside.
+    ``engine``: what runs the strategy instead of the :class:`Simulator` (it takes the
+    simulator's arguments): a deployment's real-time driver (fedclock.deploy.driver).
     """
     # run batching: the group's runs are built one at a time (torch's flop counter and
     # initialisation are process-wide), then run together
@@ -475,7 +501,7 @@ def run_experiment(
         tensorboard = None if tb_dir is None else TensorBoardWriter(tb_dir)
         guard = _guard(cfg)
         b, ev = cfg.budget, cfg.eval
-        sim = Simulator(
+        sim = (engine or Simulator)(
             strategy=parts.strategy, executor=parts.executor, population=parts.population,
             initial=parts.initial, seed=cfg.seed,
             budget=Budget(virtual_time=b.virtual_time, aggregations=b.aggregations,

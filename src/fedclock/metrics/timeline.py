@@ -82,17 +82,21 @@ class TimelineRecorder:
         if task.task_id >= self.max_tasks:
             return
         self._open += 1
-        shape = task.plan.shape
-        work = self._label_of.get(shape)
-        if work is None:
-            work = self._label(shape.describe())
-            self._label_of[shape] = work
+        work = self._work(task.plan.shape)
         down, compute, up = task.timing
         t = task.t_start
         self.rows.append([
             task.client, t, down, compute, up, t + (down + compute + up), _O_IN_FLIGHT,
             task.base.version, math.nan, math.nan, work, task.plan.local_steps,
         ])  # fmt: skip
+
+    def on_measured(self, sim: Any, task: Task) -> None:
+        """A deployment measured the task's phases (fedclock.deploy.driver): its bar as timed."""
+        if task.task_id < len(self.rows):
+            row = self.rows[task.task_id]
+            row[_DOWN], row[_COMPUTE], row[_UP] = task.timing
+            row[_END] = task.t_start + task.timing.duration
+            row[_WORK] = self._work(task.plan.shape)
 
     def on_arrival(self, sim: Any, contribution: Contribution) -> None:
         tid = contribution.task.task_id
@@ -135,6 +139,14 @@ class TimelineRecorder:
     def on_aggregation(self, sim: Any, version: ModelVersion) -> None:
         if len(self.aggregations) < self.max_aggregations:
             self.aggregations.append((sim.now, version.version))
+
+    def _work(self, shape: Any) -> int:
+        """The index of a work shape's label."""
+        work = self._label_of.get(shape)
+        if work is None:
+            work = self._label(shape.describe())
+            self._label_of[shape] = work
+        return work
 
     def _label(self, text: str) -> int:
         if text in self.labels:  # (a shape seen before a resume: the same label)

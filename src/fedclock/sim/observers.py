@@ -16,7 +16,9 @@ order, each one's hooks that it defines:
   counters and each observer may add its columns (test metrics, exit accuracies, client
   losses) or read them (the recorder, the divergence check) — so order matters;
 - ``on_event(sim)``: after every event (progress display, checkpoints);
-- ``on_end(sim)``: the run ended normally (not on divergence or Ctrl-C).
+- ``on_end(sim)``: the run ended normally (not on divergence or Ctrl-C);
+- ``on_measured(sim, task)``: a deployment (fedclock.deploy) measured a task's phases on a
+  real device and set ``task.timing`` (never called in simulation).
 
 An observer with state between events declares ``checkpoint_fields`` like any part. The
 generic ones are here; the evaluators (``train/evaluate.py``), the recorder
@@ -39,7 +41,7 @@ Simulator = Any
 
 HOOKS = (
     "on_start", "on_dispatch", "on_arrival", "on_cancel", "on_lost", "on_reject", "on_commit",
-    "on_aggregation", "on_evaluation", "on_event", "on_end",
+    "on_aggregation", "on_evaluation", "on_event", "on_end", "on_measured",
 )  # fmt: skip
 
 

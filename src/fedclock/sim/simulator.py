@@ -225,6 +225,12 @@ class Context:
         return self._sim.next_any_online()
 
     @property
+    def real_time(self) -> bool:
+        """Whether the clock is the wall clock and tasks run on real devices (fedclock.deploy):
+        no task's timing is known in advance, so a deadline must always be armed."""
+        return self._sim.real_time
+
+    @property
     def has_availability(self) -> bool:
         """Whether devices come and go (a trace's availability)."""
         return self._sim._avail is not None
@@ -245,6 +251,8 @@ class Simulator:
     """The event loop. ``observers`` watch it through the hooks of
     :mod:`fedclock.sim.observers` (evaluation, recording, validation, checkpoints,
     progress); ``guard`` screens updates before the aggregator sees them."""
+
+    real_time = False  # (fedclock.deploy.driver.RealTimeDriver: the wall clock)
 
     def __init__(
         self,

@@ -162,8 +162,8 @@ class SyncRounds:
         if self.selection is not None:
             self._dispatched = [*self._outstanding.values(), *self._cut, *late_now]
         self._hold = hold
-        if deadline is not None and (hold or late_any):
-            ctx.set_timer(deadline, r)
+        if deadline is not None and (hold or late_any or ctx.real_time):
+            ctx.set_timer(deadline, r)  # (on real devices lateness is known only then)
             return True
         return bool(self._outstanding)
 

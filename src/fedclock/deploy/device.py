@@ -1,0 +1,100 @@
+"""A real device's side of a deployment: it holds its own client's data and trains each task
+it is sent with the simulator's own executor (the same local step code, batch order and work
+shapes), timed by its own monotonic clock.
+
+Budgets are relative (clocks are not synchronised): a task may carry ``budget_s``, the time
+the server gives it from the message's receipt. With the ``suffix`` cut (SALF) the device
+picks the deepest layer suffix whose work fits the budget at the speed it has measured on
+its earlier tasks (a calibration step before its first), trains that suffix and reports it:
+the gradients of the last layers it could backpropagate in time, as the paper describes. A
+device that runs over its budget still replies; the server's trigger decides (a late reply
+to a closed round is discarded, never used silently).
+
+``slow``: emulate a device ``slow`` times slower than this machine — after each piece of
+training the device sleeps ``slow − 1`` times as long as it computed (the local
+deployment's way to make a straggler; its measured speed includes it).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+from fedclock.deploy.wire import Payload, decode_task, encode_reply, suffix_depth
+from fedclock.models.shapes import FULL, Suffix
+
+#: the share of a budget kept back for the upload when the device knows no better
+UPLOAD_SHARE = 0.1
+
+
+class DeviceWorker:
+    """One device: client ``client`` of the run ``cfg`` (an ExperimentConfig), its data, a
+    serial executor of its own."""
+
+    def __init__(self, cfg: Any, client: int, *, slow: float = 1.0) -> None:
+        from fedclock.experiment import device_parts
+
+        if slow < 1.0:
+            raise ValueError(f"a device's slowdown is at least 1, got {slow}")
+        self.client = client
+        self.slow = slow
+        self.executor, self.layout, self.flops = device_parts(cfg)
+        self.speed: float | None = None  # FLOP/s this device measured (slowdown included)
+        self._lock = threading.Lock()
+
+    def _timed(self, fn: Any) -> tuple[Any, float]:
+        """``fn()`` and the seconds it took, the emulated slowdown included."""
+        t0 = time.monotonic()
+        out = fn()
+        spent = time.monotonic() - t0
+        if self.slow > 1.0:
+            time.sleep(spent * (self.slow - 1.0))
+        return out, time.monotonic() - t0
+
+    def _calibrate(self, task: Any) -> None:
+        """The device's speed from one full local task (not sent): FLOP/s."""
+        _, spent = self._timed(lambda: self.executor.run([copy.copy(task)]))
+        flops = self.flops(FULL, task.plan.samples)
+        self.speed = flops / max(spent, 1e-9)
+
+    def _depth(self, task: Any, budget: float) -> int:
+        """The deepest layer suffix d whose work fits ``budget`` at the measured speed (the
+        last unit if none does: the device always sends something)."""
+        assert self.speed is not None and self.layout is not None
+        units = self.layout.units.count
+        avail = budget * (1.0 - UPLOAD_SHARE)
+        start = suffix_depth(task.plan.shape) or 1
+        for d in range(start, units + 1):
+            shape = FULL if d == 1 else Suffix(d)
+            if self.flops(shape, task.plan.samples) / self.speed <= avail:
+                return d
+        return units
+
+    def handle(self, payload: Payload, *, setup_s: float = 0.0) -> Payload:
+        """Train the task ``payload`` carries; the reply to send back. ``setup_s``: time the
+        device spent before it could start (a fresh process building its data), counted in
+        its busy time."""
+        received = time.monotonic() - setup_s
+        task, budget, cut, speed = decode_task(payload)
+        if task.client != self.client:
+            raise ValueError(f"this device holds client {self.client}'s data, not {task.client}'s")
+        with self._lock:  # (one task at a time: the executor has one working model)
+            shape = task.plan.shape
+            if cut == "suffix" and budget is not None:
+                if self.speed is None and speed is not None:
+                    self.speed = speed
+                if self.speed is None:
+                    self._calibrate(task)
+                d = self._depth(task, budget - (time.monotonic() - received))
+                if d != (suffix_depth(shape) or 1):
+                    shape = FULL if d == 1 else Suffix(d)
+                    task.plan = replace(task.plan, shape=shape)
+            [contribution], compute_s = self._timed(lambda: self.executor.run([task]))
+            self.speed = self.flops(shape, task.plan.samples) / max(compute_s, 1e-9)
+        return encode_reply(
+            task, contribution, shape=shape, compute_s=compute_s,
+            busy_s=time.monotonic() - received, speed=self.speed,
+        )  # fmt: skip

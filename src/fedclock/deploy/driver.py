@@ -1,0 +1,293 @@
+"""The real-time driver: the simulator's engine with its virtual clock replaced by the wall
+clock and its executor by real devices behind a :class:`Transport`.
+
+The strategy objects are the simulator's own — the planner chooses work, the trigger decides
+when the server steps, the update aggregates — and so are the observers (metrics.csv,
+timeline.csv, clients.csv, summary.json, checkpoints of the counters). What changes:
+
+- ``now`` is seconds since the run started on the server's monotonic clock; a budget's
+  ``virtual_time`` is wall seconds, a trigger's deadline a real timeout;
+- a dispatched task is a message to its device (:func:`~fedclock.deploy.wire.encode_task`),
+  stamped with the model version it starts from; its arrival is the device's reply, so
+  staleness is counted from the stamped version exactly as in simulation;
+- nothing is known in advance: the population's cost model prices work at zero time (every
+  planner's prediction "fits"), so what is late is what really arrives late. A trigger with a
+  deadline always arms it (``Context.real_time``); a reply to a task the trigger already cut
+  is logged and discarded;
+- every reply is checked (:func:`~fedclock.deploy.wire.check_reply`) before it becomes a
+  contribution; a reply refused there, or an error in place of a reply, counts as
+  ``updates_rejected``, shows as ``rejected`` in the timeline, and the trigger hears of the
+  task as lost (``on_lost``: a round stops waiting for it, an asynchronous slot is refilled);
+- each task's timing is what was measured: its compute by the device's clock, the rest of
+  the time between dispatch and reply split between download and upload by their bytes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import time
+from dataclasses import replace
+from typing import Any, Protocol
+
+from fedclock.deploy.wire import Payload, RejectedReply, check_reply, encode_task
+from fedclock.devices.cost import TaskTiming
+from fedclock.errors import ConfigError
+from fedclock.models.shapes import FULL
+from fedclock.sim.simulator import _EVAL, _TIMER, Simulator, StopReason
+from fedclock.sim.types import Contribution, Task
+
+log = logging.getLogger(__name__)
+
+
+class Transport(Protocol):
+    """How messages reach the devices: ``send`` a task's payload to client ``client``'s
+    device; ``poll`` waits up to ``timeout`` seconds and returns the replies that came,
+    each (task id, payload), or (task id, a sentence) where the device failed."""
+
+    def send(self, task_id: int, client: int, payload: Payload) -> None: ...
+    def poll(self, timeout: float) -> list[tuple[int, Payload | str]]: ...
+    def close(self) -> None: ...
+
+
+class RealFleet:
+    """The population as a deployment sees it: every profile as configured, but no task's
+    timing is known before it runs (zero: it fits whatever a planner asks)."""
+
+    def __init__(self, population: Any) -> None:
+        self._population = population
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._population, name)
+
+    def __len__(self) -> int:
+        return len(self._population)
+
+    def timing(self, client: int, cost: Any, k: int) -> TaskTiming:
+        return TaskTiming(0.0, 0.0, 0.0)
+
+
+class RealTimeDriver(Simulator):
+    """:class:`~fedclock.sim.simulator.Simulator` on the wall clock with real devices.
+
+    ``transport``: the devices; ``budget_s``: the relative time budget each task carries
+    (the strategy's deadline t_max; None: none); ``cut``: what a device may cut to meet it
+    (``suffix``: SALF's layer suffix; ``none``: it trains in full and may be late).
+    """
+
+    real_time = True
+
+    def __init__(
+        self,
+        *,
+        transport: Transport,
+        budget_s: float | None = None,
+        cut: str = "none",
+        population: Any,
+        **kwargs: Any,
+    ) -> None:
+        fleet = RealFleet(population)
+        super().__init__(population=fleet, **kwargs)  # type: ignore[arg-type]
+        strategy = self.strategy
+        if getattr(strategy, "on_lost", None) is None:
+            raise ConfigError(
+                f"Strategy '{strategy.name}' cannot be deployed yet: its trigger does not "
+                "handle a device that fails or sends a reply the server rejects."
+            )
+        if getattr(population, "availability", None) is not None:
+            raise ConfigError(
+                "A deployment's devices come and go by themselves: run it on a population "
+                "without a trace's availability.csv."
+            )
+        self.transport = transport
+        self.budget_s = budget_s
+        self.cut = cut
+        needs = getattr(strategy, "needs", None)
+        self.layout = getattr(needs, "layout", None)
+        self.trains_fully = bool(getattr(needs, "suffix_trains_fully", False))
+        self.start = self._start_real  # type: ignore[method-assign]
+        self.ctx.start = self.start  # type: ignore[method-assign]
+        self._t0 = time.monotonic()
+        self._late = 0  # replies to tasks no longer in flight (cut, or the run over)
+        self.on_finish: Any = None  # called with the driver when the run ends
+        self.speeds: dict[int, float] = {}  # client → the FLOP/s its device measured last
+        self.rejections: list[tuple[int, int, str]] = []  # (task id, client, why)
+
+    def clock(self) -> float:
+        return time.monotonic() - self._t0
+
+    # ---- dispatch: a message instead of an arrival event
+    def _start_real(self, client: int) -> Task:
+        return self.dispatch(self.prepare(client, self.model), execute=True)
+
+    def dispatch(self, task: Task, *, execute: bool) -> Task:
+        if task.task_id != self._next_task_id:
+            raise RuntimeError("dispatch() takes the task returned by the latest prepare()")
+        self._next_task_id += 1
+        self._task_count[task.client] += 1
+        self._count_base(task.client, task.base.version)
+        self.counters.bytes_down += task.cost.bytes_down
+        task.t_start = self.now
+        task.execute = True  # (a real device always works: whether it is late, time tells)
+        self._in_flight[task.task_id] = task
+        payload = encode_task(task, budget_s=self.budget_s, cut=self.cut, seed=self.seed,
+                              speed=self.speeds.get(task.client))  # fmt: skip
+        self.transport.send(task.task_id, task.client, payload)
+        if self._on_dispatch is not None:
+            self._on_dispatch(task)
+        for f in self._hooks["on_dispatch"]:
+            f(self, task)
+        return task
+
+    def cancel(self, task: Task) -> None:
+        """Cut a task (its round closed): its reply, if one comes, is discarded."""
+        if task.cancelled or task.task_id not in self._in_flight:
+            return
+        task.cancelled = True
+        del self._in_flight[task.task_id]
+        spent = self.now - task.t_start
+        task.timing = TaskTiming(0.0, spent, 0.0)
+        self.counters.compute_s_spent += spent
+        self.counters.compute_s_wasted += spent
+        self.counters.updates_discarded += 1
+        for f in self._hooks["on_measured"]:
+            f(self, task)
+        for f in self._hooks["on_cancel"]:
+            f(self, task)
+
+    # ---- replies
+    def _measured(self, task: Task, busy_s: float, compute_s: float) -> TaskTiming:
+        """The task's phases as measured: compute by the device's clock; the rest of the time
+        from dispatch to reply, split between download and upload by their bytes."""
+        total = max(self.now - task.t_start, 0.0)
+        compute = min(compute_s, total)
+        transfer = max(total - min(busy_s, total), 0.0)
+        b_down, b_up = float(task.cost.bytes_down), float(task.cost.bytes_up)
+        share = b_down / (b_down + b_up) if b_down + b_up > 0 else 0.5
+        idle = max(total - transfer - compute, 0.0)  # on the device, not training
+        return TaskTiming(transfer * share + idle, compute, transfer * (1.0 - share))
+
+    def _reject(self, task: Task, reason: str) -> None:
+        log.warning("task %d (client %d): reply rejected: %s", task.task_id, task.client, reason)
+        del self._in_flight[task.task_id]
+        spent = self.now - task.t_start
+        task.timing = TaskTiming(0.0, spent, 0.0)
+        ctr = self.counters
+        ctr.updates_received += 1
+        ctr.updates_rejected += 1
+        ctr.compute_s_spent += spent
+        ctr.compute_s_wasted += spent
+        record = Contribution(task=task, delta={}, buffers={}, num_samples=0, train_loss=math.nan)
+        for f in self._hooks["on_measured"]:
+            f(self, task)
+        for f in self._hooks["on_reject"]:
+            f(self, record)
+        self.rejections.append((task.task_id, task.client, reason))
+        self.strategy.on_lost(self.ctx, task)  # type: ignore[attr-defined]
+
+    def _reply(self, task_id: int, reply: Payload | str) -> None:
+        task = self._in_flight.get(task_id)
+        if task is None:  # cut at a deadline, or not ours: never used
+            self._late += 1
+            log.info("task %d: a reply after its task was closed, discarded", task_id)
+            return
+        if isinstance(reply, str):
+            self._reject(task, f"the device failed: {reply}")
+            return
+        units = None if self.layout is None else self.layout.units.count
+        try:
+            r = check_reply(reply, task, max_depth=units)
+        except RejectedReply as exc:
+            self._reject(task, str(exc))
+            return
+        del self._in_flight[task_id]
+        if r.shape != task.plan.shape:  # the device cut its work to meet its budget (SALF)
+            task.plan = replace(task.plan, shape=r.shape)
+        coverage = None  # (what a partial update covers: as its program says)
+        if r.shape is not FULL and self.layout is not None:
+            coverage = r.shape.program(self.layout, trains_fully=self.trains_fully).coverage
+        task.timing = self._measured(task, r.busy_s, r.compute_s)
+        if r.speed is not None:
+            self.speeds[task.client] = r.speed
+        contribution = Contribution(
+            task=task, delta=r.delta, buffers=r.buffers, num_samples=r.num_samples,
+            train_loss=r.train_loss, coverage=coverage, up=r.up,
+        )  # fmt: skip
+        ctr = self.counters
+        ctr.bytes_up += task.cost.bytes_up
+        ctr.updates_received += 1
+        ctr.compute_s_spent += task.timing.compute_s
+        for f in self._hooks["on_measured"]:
+            f(self, task)
+        for f in self._hooks["on_arrival"]:
+            f(self, contribution)
+        self.strategy.on_arrival(self.ctx, contribution)
+
+    # ---- the loop: replies and timers, on the wall clock
+    def _loop(self) -> None:
+        self._t0 = time.monotonic() - self.now
+        if not self._resumed:
+            for f in self._hooks["on_start"]:
+                f(self)
+            self.strategy.on_start(self.ctx)
+        heap = self._heap
+        t_end = self.budget.virtual_time
+        t_end = math.inf if t_end is None else t_end
+        after_event = self._hooks["on_event"]
+        while self.stop_reason is None:
+            if not self._in_flight and len(heap) == self._ticks:
+                self.stop_reason = StopReason.IDLE
+                break
+            now = self.clock()
+            if now >= t_end:
+                self.now = t_end
+                self.stop_reason = StopReason.VIRTUAL_TIME
+                break
+            due = heap[0][0] if heap else math.inf
+            wait = max(0.0, min(due, t_end) - now)
+            if self._in_flight:
+                replies = self.transport.poll(min(wait, 1.0))
+            else:
+                time.sleep(min(wait, 1.0))
+                replies = []
+            self.now = max(self.now, self.clock())
+            for task_id, reply in replies:
+                if self.stop_reason is not None:
+                    break
+                self._reply(task_id, reply)
+                for f in after_event:
+                    f(self)
+            while heap and heap[0][0] <= self.now and self.stop_reason is None:
+                t, _, kind, payload = heapq.heappop(heap)
+                if kind == _TIMER:
+                    self.strategy.on_timer(self.ctx, payload)
+                elif kind == _EVAL:
+                    self.evaluate(self.now)
+                    heapq.heappush(heap, (t + payload, next(self._seq), _EVAL, payload))
+                for f in after_event:
+                    f(self)
+
+    @property
+    def late_replies(self) -> int:
+        """Replies that came after their task was closed (cut at a deadline): discarded."""
+        return self._late
+
+    def run(self) -> StopReason:
+        try:
+            return super().run()
+        finally:
+            self.transport.close()
+            if self.on_finish is not None:
+                self.on_finish(self)
+
+    def _settle_in_flight(self) -> None:
+        """Work in flight at the end: spent and wasted, by the server's clock."""
+        for task in self._in_flight.values():
+            spent = max(self.now - task.t_start, 0.0)
+            task.timing = TaskTiming(0.0, spent, 0.0)
+            self.counters.compute_s_spent += spent
+            self.counters.compute_s_wasted += spent
+            for f in self._hooks["on_measured"]:
+                f(self, task)
+        self._in_flight.clear()

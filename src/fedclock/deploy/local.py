@@ -1,0 +1,232 @@
+"""Devices on this machine: :class:`LocalDevices` (threads in this process, no framework) and
+:func:`run_flower_local` (a Flower SuperLink and N SuperNodes as real processes).
+
+Both run the run's clients as real devices in real time; a device may be slowed
+(:class:`~fedclock.deploy.device.DeviceWorker`'s ``slow``). The threads are the quick way to
+try a deployment and what the fast tests use; the Flower processes are a real deployment on
+localhost (``--insecure``), shut down on success, error or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from fedclock.deploy.device import DeviceWorker
+from fedclock.deploy.wire import Payload
+from fedclock.errors import ConfigError
+
+
+class LocalDevices:
+    """One device per client, each a thread of this process with its own executor.
+
+    ``slow``: client → slowdown factor; ``tamper``: a test's hook that alters a reply
+    before it is sent (a device the server must not trust)."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        slow: dict[int, float] | None = None,
+        tamper: Callable[[int, Payload], Payload] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.slow = dict(slow or {})
+        self.tamper = tamper
+        n = cfg.partition.num_clients
+        self._pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="device")
+        self._workers: dict[int, DeviceWorker] = {}
+        self._replies: queue.Queue[tuple[int, Payload | str]] = queue.Queue()
+
+    def _worker(self, client: int) -> DeviceWorker:
+        w = self._workers.get(client)
+        if w is None:
+            w = self._workers[client] = DeviceWorker(
+                self.cfg, client, slow=self.slow.get(client, 1.0)
+            )
+        return w
+
+    def _run(self, task_id: int, client: int, payload: Payload) -> None:
+        try:
+            reply = self._worker(client).handle(payload)
+            if self.tamper is not None:
+                reply = self.tamper(client, reply)
+            self._replies.put((task_id, reply))
+        except Exception as exc:  # a device's failure is the server's to record
+            self._replies.put((task_id, f"{type(exc).__name__}: {exc}"))
+
+    def send(self, task_id: int, client: int, payload: Payload) -> None:
+        self._pool.submit(self._run, task_id, client, payload)
+
+    def poll(self, timeout: float) -> list[tuple[int, Payload | str]]:
+        out: list[tuple[int, Payload | str]] = []
+        try:
+            out.append(self._replies.get(timeout=max(timeout, 0.0)))
+        except queue.Empty:
+            return out
+        while True:
+            try:
+                out.append(self._replies.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ---------------------------------------------------------------- Flower on localhost
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+APP_PYPROJECT = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedclock-deploy"
+version = "1.0.0"
+description = "fedclock's strategies on Flower's Deployment Engine"
+license = "MIT"
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fedclock"
+
+[tool.flwr.app.components]
+serverapp = "fedclock_app:server_app"
+clientapp = "fedclock_app:client_app"
+
+[tool.flwr.app.config]
+config = ""
+out = ""
+nodes = 0
+wait = 120.0
+"""
+APP_MODULE = '''"""fedclock's Flower app (written by `fedclock deploy`): the apps live in fedclock."""
+
+from fedclock.deploy.flower import client_app, server_app
+
+__all__ = ["client_app", "server_app"]
+'''
+
+
+def _executable(name: str) -> str:
+    found = shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                     os.environ.get("PATH", "")]))  # fmt: skip
+    if found is None:
+        raise ConfigError(
+            f"`{name}` is not installed: install Flower with `pip install 'fedclock[flower]'`."
+        )
+    return found
+
+
+@contextlib.contextmanager
+def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes started in the block are stopped when it ends (each in its own session: its
+    children — a SuperNode's ClientApps, the SuperLink's ServerApp — go with it)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10.0
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def run_flower_local(
+    config_path: Path, run_dir: Path, nodes: int, *, slow: dict[int, float], timeout: float
+) -> int:
+    """A SuperLink and ``nodes`` SuperNodes on localhost, then `flwr run` of fedclock's app on
+    them (the run's config ``config_path``, its folder ``run_dir``); everything is stopped
+    at the end. The exit status of `flwr run`."""
+    home = run_dir / "flower"
+    app = home / "app"
+    app.mkdir(parents=True, exist_ok=True)
+    (app / "pyproject.toml").write_text(APP_PYPROJECT)
+    (app / "fedclock_app.py").write_text(APP_MODULE)
+    link, *node_ports = _free_ports(1 + nodes)
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link}"\n'
+        "insecure = true\n"
+    )
+    # (the SuperLink and SuperNodes start flwr-serverapp / flwr-clientapp from PATH: this
+    # Python's scripts first, so that they import this fedclock)
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_UPDATE_CHECK": "1", "PATH": path}
+    logs = home / "logs"
+    logs.mkdir(exist_ok=True)
+
+    def start(cmd: list[str], name: str, procs: list[subprocess.Popen[bytes]]) -> None:
+        out = (logs / f"{name}.log").open("wb")
+        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                      start_new_session=True))  # fmt: skip
+
+    with _processes() as procs:
+        start([_executable("flower-superlink"), "--insecure", "--isolation", "subprocess",
+               "--host", "127.0.0.1", "--port", str(link)], "superlink", procs)  # fmt: skip
+        _wait_port(link, procs[0], logs / "superlink.log")
+        for i, port in enumerate(node_ports):
+            node_config = f"partition-id={i} slow={slow.get(i, 1.0)}"
+            start([_executable("flower-supernode"), "--insecure", "--superlink",
+                   f"127.0.0.1:{link}", "--host", "127.0.0.1", "--port", str(port),
+                   "--node-config", node_config], f"supernode-{i}", procs)  # fmt: skip
+        run_config = (
+            f"config='{config_path.resolve()}' out='{run_dir.resolve()}' nodes={nodes} "
+            f"wait={timeout}"
+        )
+        cmd = [_executable("flwr"), "run", str(app), "local", "--run-config", run_config,
+               "--stream"]  # fmt: skip
+        with (logs / "flwr-run.log").open("wb") as out:
+            run = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+            procs.append(run)
+            try:
+                return run.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise ConfigError(
+                    f"The Flower deployment did not finish in {timeout:g} s; its logs are in {logs}."
+                ) from None
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], log_file: Path) -> None:
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ConfigError(f"The Flower SuperLink did not start; see {log_file}.")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise ConfigError(f"The Flower SuperLink did not open port {port} in 60 s; see {log_file}.")

@@ -1,0 +1,69 @@
+"""One deployment run: the experiment's strategy on real devices, into the usual run folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fedclock.config import ExperimentConfig
+from fedclock.deploy.driver import RealTimeDriver, Transport
+from fedclock.experiment import RunResult, run_experiment
+from fedclock.models.shapes import Suffix
+
+#: what summary.json's ``deployment`` holds beside the usual keys
+DEPLOYMENT_KEY = "deployment"
+
+
+def deployable(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` as a deployment runs it: no checkpoints (a deployment is not resumed: its
+    devices' state is theirs) and the serial executor (the server trains nothing)."""
+    return cfg.model_copy(
+        update={
+            "checkpoint": cfg.checkpoint.model_copy(
+                update={"every_aggregations": None, "every_seconds": None}
+            ),
+            "executor": cfg.executor.model_copy(update={"kind": "serial"}),
+        }
+    )
+
+
+def deploy(
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    transport: Transport,
+    *,
+    engine_name: str,
+    argv: list[str] | None = None,
+    progress: Any = None,
+) -> RunResult:
+    """Run ``cfg``'s strategy on the devices behind ``transport`` in real time: a deadline
+    (the trigger's t_max) travels to each device as its budget; SALF's devices may cut their
+    work to a layer suffix to meet it."""
+    holder: dict[str, RealTimeDriver] = {}
+
+    def engine(**kwargs: Any) -> RealTimeDriver:
+        strategy = kwargs["strategy"]
+        t_max = getattr(strategy.trigger, "t_max", None)
+        cut = "suffix" if Suffix in strategy.needs.shapes else "none"
+        driver = RealTimeDriver(transport=transport, budget_s=t_max, cut=cut, **kwargs)
+        driver.on_finish = lambda d: strategy.summary.update(
+            {DEPLOYMENT_KEY: report(d, engine_name)}
+        )
+        holder["driver"] = driver
+        return driver
+
+    return run_experiment(
+        deployable(cfg), run_dir=run_dir, argv=argv, engine=engine, progress=progress
+    )
+
+
+def report(driver: RealTimeDriver, engine_name: str) -> dict[str, Any]:
+    """What a deployment adds to summary.json: the engine, each device's measured speed,
+    the replies rejected (and why) and those that came after their task was closed."""
+    return {
+        "engine": engine_name,
+        "clock": "wall",
+        "device_flops_per_s": {str(c): s for c, s in sorted(driver.speeds.items())},
+        "rejected": [{"task_id": t, "client": c, "reason": why} for t, c, why in driver.rejections],
+        "late_replies": driver.late_replies,
+    }
