@@ -15,7 +15,8 @@ LOWER = ("train", "sim", "models", "data", "devices")
 #: docs/architecture.md's package order: each imports only packages before it
 ORDER = (
     "errors", "rng", "logs", "outputs", "config", "presets", "data", "devices", "models",
-    "sim", "metrics", "train", "strategies", "experiment", "runs", "report", "tour", "cli",
+    "sim", "metrics", "train", "strategies", "experiment", "deploy", "runs", "report", "tour",
+    "cli",
 )  # fmt: skip
 
 

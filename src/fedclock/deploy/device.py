@@ -17,7 +17,6 @@ deployment's way to make a straggler; its measured speed includes it).
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from dataclasses import replace
@@ -28,6 +27,11 @@ from fedclock.models.shapes import FULL, Suffix
 
 #: the share of a budget kept back for the upload when the device knows no better
 UPLOAD_SHARE = 0.1
+
+
+class BudgetSpent(RuntimeError):
+    """A task's budget ran out while the device was still busy with an earlier one: it is not
+    started (the server has cut it by then; a reply would be discarded)."""
 
 
 class DeviceWorker:
@@ -54,12 +58,6 @@ class DeviceWorker:
             time.sleep(spent * (self.slow - 1.0))
         return out, time.monotonic() - t0
 
-    def _calibrate(self, task: Any) -> None:
-        """The device's speed from one full local task (not sent): FLOP/s."""
-        _, spent = self._timed(lambda: self.executor.run([copy.copy(task)]))
-        flops = self.flops(FULL, task.plan.samples)
-        self.speed = flops / max(spent, 1e-9)
-
     def _depth(self, task: Any, budget: float) -> int:
         """The deepest layer suffix d whose work fits ``budget`` at the measured speed (the
         last unit if none does: the device always sends something)."""
@@ -82,18 +80,31 @@ class DeviceWorker:
         if task.client != self.client:
             raise ValueError(f"this device holds client {self.client}'s data, not {task.client}'s")
         with self._lock:  # (one task at a time: the executor has one working model)
+            if budget is not None and time.monotonic() - received >= budget:
+                raise BudgetSpent(
+                    f"task {task.task_id}'s budget of {budget:g} s was spent before it started"
+                )
             shape = task.plan.shape
             if cut == "suffix" and budget is not None:
                 if self.speed is None and speed is not None:
                     self.speed = speed
-                if self.speed is None:
-                    self._calibrate(task)
-                d = self._depth(task, budget - (time.monotonic() - received))
-                if d != (suffix_depth(shape) or 1):
-                    shape = FULL if d == 1 else Suffix(d)
-                    task.plan = replace(task.plan, shape=shape)
-            [contribution], compute_s = self._timed(lambda: self.executor.run([task]))
-            self.speed = self.flops(shape, task.plan.samples) / max(compute_s, 1e-9)
+                if self.speed is not None:  # (unknown on its first task: it tries in full)
+                    d = self._depth(task, budget - (time.monotonic() - received))
+                    if d != (suffix_depth(shape) or 1):
+                        shape = FULL if d == 1 else Suffix(d)
+                        task.plan = replace(task.plan, shape=shape)
+            serial = getattr(self.executor, "inner", self.executor)
+            sent_steps = task.plan.local_steps
+            if cut == "suffix" and budget is not None:  # stop at a step boundary in time
+                start = time.monotonic()
+                left = received + budget * (1.0 - UPLOAD_SHARE) - start
+                serial.stop_at = start + left / self.slow  # (the emulated slowdown comes after)
+            try:
+                [contribution], compute_s = self._timed(lambda: self.executor.run([task]))
+            finally:
+                serial.stop_at = None
+            done = task.plan.local_steps / sent_steps  # (the share of the steps it took)
+            self.speed = self.flops(shape, task.plan.samples) * done / max(compute_s, 1e-9)
         return encode_reply(
             task, contribution, shape=shape, compute_s=compute_s,
             busy_s=time.monotonic() - received, speed=self.speed,

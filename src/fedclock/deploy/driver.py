@@ -202,8 +202,9 @@ class RealTimeDriver(Simulator):
             self._reject(task, str(exc))
             return
         del self._in_flight[task_id]
-        if r.shape != task.plan.shape:  # the device cut its work to meet its budget (SALF)
-            task.plan = replace(task.plan, shape=r.shape)
+        if r.shape != task.plan.shape or r.local_steps != task.plan.local_steps:
+            # the device cut its work to meet its budget: a layer suffix (SALF), fewer steps
+            task.plan = replace(task.plan, shape=r.shape, local_steps=r.local_steps)
         coverage = None  # (what a partial update covers: as its program says)
         if r.shape is not FULL and self.layout is not None:
             coverage = r.shape.program(self.layout, trains_fully=self.trains_fully).coverage

@@ -46,16 +46,12 @@ class LocalDevices:
         self.tamper = tamper
         n = cfg.partition.num_clients
         self._pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="device")
-        self._workers: dict[int, DeviceWorker] = {}
+        # each device holds its data before the run starts (as a real one would)
+        self._workers = {c: DeviceWorker(cfg, c, slow=self.slow.get(c, 1.0)) for c in range(n)}
         self._replies: queue.Queue[tuple[int, Payload | str]] = queue.Queue()
 
     def _worker(self, client: int) -> DeviceWorker:
-        w = self._workers.get(client)
-        if w is None:
-            w = self._workers[client] = DeviceWorker(
-                self.cfg, client, slow=self.slow.get(client, 1.0)
-            )
-        return w
+        return self._workers[client]
 
     def _run(self, task_id: int, client: int, payload: Payload) -> None:
         try:

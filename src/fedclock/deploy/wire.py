@@ -176,6 +176,7 @@ class Reply:
     compute_s: float  # the device's own clock: training
     busy_s: float  # the device's own clock: from the message's receipt to its reply
     speed: float | None = None  # the FLOP/s the device measured (its next task's estimate)
+    local_steps: int = 1  # the steps it took (fewer than sent: it stopped at its budget)
 
 
 def check_reply(p: Payload, task: Task, *, max_depth: int | None = None) -> Reply:
@@ -252,6 +253,9 @@ def check_reply(p: Payload, task: Task, *, max_depth: int | None = None) -> Repl
         if key.startswith("up/"):
             _, kind, name = key.split("/", 2)
             up.setdefault(kind, {})[name] = torch.from_numpy(np.array(a))
+    steps = c.get("local_steps", task.plan.local_steps)
+    if not isinstance(steps, int) or not 1 <= steps <= task.plan.local_steps:
+        raise RejectedReply(f"the reply's {steps!r} local steps are not 1..{task.plan.local_steps}")
     speed = c.get("speed")
     if speed is not None and not (isinstance(speed, int | float) and 0 < speed < math.inf):
         raise RejectedReply(f"the reply's speed {speed!r} is not a positive number")
@@ -259,6 +263,7 @@ def check_reply(p: Payload, task: Task, *, max_depth: int | None = None) -> Repl
         delta=group("delta/"), buffers=group("buffer/"), up=up, num_samples=n,
         train_loss=float(loss), shape=shape, compute_s=float(c["compute_s"]),
         busy_s=float(c["busy_s"]), speed=None if speed is None else float(speed),
+        local_steps=steps,
     )  # fmt: skip
 
 
@@ -286,7 +291,7 @@ def encode_reply(
     p.config.update(
         task_id=task.task_id, version=task.base.version, num_samples=int(contribution.num_samples),
         train_loss=float(contribution.train_loss), shape=encode_shape(shape),
-        compute_s=float(compute_s), busy_s=float(busy_s),
+        compute_s=float(compute_s), busy_s=float(busy_s), local_steps=task.plan.local_steps,
     )  # fmt: skip
     if speed is not None:
         p.config["speed"] = float(speed)

@@ -9,8 +9,9 @@ before it, nor on the executor that ran it.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -214,6 +215,13 @@ def suffix_grads(
     return dict(zip(names, grads, strict=True)), loss.detach()
 
 
+def _no_time_for_another(stop_at: float, started: float, done: int) -> bool:
+    """A real device's budget (fedclock.deploy.device): whether one more step, as long as the
+    mean of the ``done`` so far, would end past ``stop_at`` (time.monotonic())."""
+    now = time.monotonic()
+    return now + (now - started) / done >= stop_at
+
+
 class SerialExecutor:
     """Runs tasks one after another on one working copy of the model.
 
@@ -234,6 +242,9 @@ class SerialExecutor:
     """
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = ()  # (momentum_store is the strategy's)
+    # a real device's budget (fedclock.deploy.device): full and layer-suffix tasks stop at
+    # the first step boundary past this time.monotonic() (never set in simulation)
+    stop_at: float | None = None
 
     def __init__(
         self,
@@ -301,7 +312,9 @@ class SerialExecutor:
         idx = self.data.indices[task.client]
         total = 0.0
         steps = batch_schedule(self.seed, task, len(idx))
-        for local in steps:
+        stop_at = self.stop_at
+        started = time.monotonic()
+        for done, local in enumerate(steps, 1):
             rows = idx[local].to(self.device)
             loss = self.loss(model(self._x[rows]), self._y[rows])
             grads = torch.autograd.grad(loss, params, allow_unused=True)
@@ -319,6 +332,10 @@ class SerialExecutor:
             with torch.no_grad():
                 torch._foreach_add_([params[i] for i in used], d, alpha=-lr)
             total += float(loss.detach())
+            if stop_at is not None and _no_time_for_another(stop_at, started, done):
+                steps = steps[:done]
+                task.plan = replace(task.plan, local_steps=done)
+                break
         delta: Params = {
             name: (p.detach() - task.base.params[name]) for name, p in model.named_parameters()
         }
@@ -393,7 +410,9 @@ class SerialExecutor:
         total = 0.0
         # Σ_k g_k² of every element (PruneFL's importance; pruned elements included)
         sq = {n: torch.zeros_like(params[n]) for n in trains} if prog.sq_grads else None
-        for local in steps:
+        stop_at = self.stop_at
+        started = time.monotonic()
+        for done, local in enumerate(steps, 1):
             rows = idx[local].to(self.device)
             grads, loss = suffix_grads(model, trains, self._x[rows], self._y[rows], loss_fn)
             if sq is not None:
@@ -415,6 +434,10 @@ class SerialExecutor:
                     else:
                         params[n].mul_(m)
             total += float(loss)
+            if stop_at is not None and _no_time_for_another(stop_at, started, done):
+                steps = steps[:done]
+                task.plan = replace(task.plan, local_steps=done)
+                break
         if not self.persistent_momentum:
             self.momentum_store.pop(task.client, None)
         delta: Params = {}

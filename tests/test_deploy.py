@@ -1,0 +1,260 @@
+"""Deployment on real devices (fedclock.deploy): the wire format and the checks every reply
+passes, the device's budget rule, and whole deployments on devices that are threads of this
+process (real time, real compute; no framework). Flower's processes: tests/test_deploy_flower.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fedclock.cli import app
+from fedclock.config import load_config
+from fedclock.deploy.device import UPLOAD_SHARE, DeviceWorker
+from fedclock.deploy.local import LocalDevices
+from fedclock.deploy.run import deploy
+from fedclock.deploy.wire import (
+    Payload,
+    RejectedReply,
+    check_reply,
+    decode_task,
+    encode_reply,
+    encode_task,
+)
+from fedclock.devices.cost import TaskCost, TaskTiming
+from fedclock.models.shapes import FULL, Suffix
+from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
+
+
+def _task(shape: Any = FULL) -> Task:
+    base = ModelVersion(
+        3, {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.zeros(2)}
+    )
+    plan = TaskPlan(local_steps=2, batch_size=4, samples=8, shape=shape, lr_scale=0.5)
+    task = Task(7, 1, 2, base, plan, TaskCost(10.0, 32, 32), TaskTiming(0, 0, 0), 0.0, repeat=1)
+    task.down = {"c": {"w": torch.ones(2, 3)}}
+    return task
+
+
+def _reply(task: Task, **config: Any) -> Payload:
+    c = Contribution(
+        task=task, delta={n: torch.full_like(t, 0.5) for n, t in task.base.params.items()},
+        buffers={}, num_samples=8, train_loss=0.25,
+    )  # fmt: skip
+    p = encode_reply(task, c, shape=task.plan.shape, compute_s=0.1, busy_s=0.2, speed=1e6)
+    p.config.update(config)
+    return p
+
+
+def test_a_task_travels_whole() -> None:
+    task = _task(Suffix(2))
+    got, budget, cut, speed = decode_task(
+        encode_task(task, budget_s=1.5, cut="suffix", seed=4, speed=2e6)
+    )
+    assert (budget, cut, speed) == (1.5, "suffix", 2e6)
+    assert (got.task_id, got.client, got.k, got.repeat) == (7, 1, 2, 1)
+    assert got.plan == task.plan and got.base.version == 3
+    assert torch.equal(got.base.params["w"], task.base.params["w"])
+    assert torch.equal(got.down["c"]["w"], torch.ones(2, 3))
+    assert decode_task(encode_task(task, budget_s=None, cut="none", seed=4))[1] is None
+
+
+def test_a_good_reply_is_accepted() -> None:
+    task = _task()
+    r = check_reply(_reply(task), task)
+    assert r.num_samples == 8 and r.train_loss == 0.25 and r.shape is FULL and r.speed == 1e6
+    assert torch.equal(r.delta["w"], torch.full((2, 3), 0.5))
+
+
+def _tampered(kind: str, task: Task) -> Payload:
+    p = _reply(task)
+    if kind == "other task":
+        p.config["task_id"] = 8
+    elif kind == "old version":
+        p.config["version"] = 2
+    elif kind == "missing tensor":
+        del p.arrays["delta/b"]
+    elif kind == "extra tensor":
+        p.arrays["delta/evil"] = np.zeros(2, dtype=np.float32)
+    elif kind == "wrong shape":
+        p.arrays["delta/w"] = np.zeros((3, 2), dtype=np.float32)
+    elif kind == "wrong dtype":
+        p.arrays["delta/w"] = np.zeros((2, 3), dtype=np.float64)
+    elif kind == "nan":
+        p.arrays["delta/w"][0, 0] = np.nan
+    elif kind == "inf loss":
+        p.config["train_loss"] = float("inf")
+    elif kind == "oversized":
+        p.arrays["up/sq_grads/w"] = np.zeros((2, 3), dtype=np.float32)
+        p.config["padding"] = "x" * 100_000
+    elif kind == "statistic of nothing":
+        p.arrays["up/sq_grads/evil"] = np.zeros(3, dtype=np.float32)
+    elif kind == "unknown shape":
+        p.config["shape"] = "Anything:x=1"
+    elif kind == "no loss":
+        del p.config["train_loss"]
+    elif kind == "negative count":
+        p.config["num_samples"] = -1
+    return p
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["other task", "old version", "missing tensor", "extra tensor", "wrong shape", "wrong dtype",
+     "nan", "inf loss", "oversized", "statistic of nothing", "unknown shape", "no loss",
+     "negative count"],
+)  # fmt: skip
+def test_a_malformed_reply_is_rejected_with_its_reason(kind: str) -> None:
+    task = _task()
+    with pytest.raises(RejectedReply):
+        check_reply(_tampered(kind, task), task)
+
+
+def test_a_device_may_cut_a_layer_suffix_only_deeper() -> None:
+    task = _task(Suffix(2))
+    deeper = _reply(task, shape="Suffix:depth=3")
+    assert check_reply(deeper, task, max_depth=3).shape == Suffix(3)
+    for shape in ("Full", "Suffix:depth=4"):  # shallower than sent; past the last unit
+        with pytest.raises(RejectedReply):
+            check_reply(_reply(task, shape=shape), task, max_depth=3)
+    with pytest.raises(RejectedReply):  # a full task's device may not send a width slice
+        check_reply(_reply(_task(), shape="Width:rate=0.5"), _task())
+
+
+def _cfg(*sets: str) -> Any:
+    return load_config(
+        None, ["partition.num_clients=4", "eval.every_aggregations=1", *sets]
+    )  # digits, an MLP
+
+
+def test_a_device_picks_the_deepest_suffix_its_budget_allows() -> None:
+    """Hand-computed: with a measured speed S and budget B, the depth is the smallest d whose
+    FLOPs / S ≤ B·(1 − UPLOAD_SHARE); the last unit when none fits."""
+    cfg = _cfg("strategy.name=salf", "salf.scenario=deadline", "strategy.t_max=1",
+               "model.hidden=[64,64]")  # fmt: skip
+    w = DeviceWorker(cfg, 0)
+    task = _task()
+    task.plan = TaskPlan(local_steps=1, batch_size=32, samples=32)
+    assert w.layout is not None
+    units = w.layout.units.count
+    flops = [w.flops(FULL if d == 1 else Suffix(d), 32) for d in range(1, units + 1)]
+    assert flops == sorted(flops, reverse=True) and units == 3
+    w.speed = 1.0
+    for d in range(1, units + 1):  # a budget that just fits depth d
+        assert w._depth(task, flops[d - 1] / (1 - UPLOAD_SHARE) * (1 + 1e-9)) == d
+    assert w._depth(task, flops[-1] / 2) == units  # nothing fits: the last unit
+
+
+def _timeline(run_dir: Path) -> list[dict[str, str]]:
+    lines = [
+        x for x in (run_dir / "timeline.csv").read_text().splitlines() if not x.startswith("#")
+    ]
+    return [r for r in csv.DictReader(lines) if r["event"] == "task"]
+
+
+def test_fedavg_deploys_on_local_devices(tmp_path: Path) -> None:
+    cfg = _cfg("strategy.name=fedavg", "budget.virtual_time=3")
+    res = deploy(cfg, tmp_path, LocalDevices(cfg, slow={3: 3.0}), engine_name="threads")
+    s = res.summary
+    assert res.error is None and s["status"] == "completed" and s["aggregations"] >= 2
+    assert s["updates_rejected"] == 0 and s["max_staleness"] == 0
+    assert s["final_test_accuracy"] > 0.5  # digits after a few rounds
+    dep = s["deployment"]
+    assert dep["engine"] == "threads" and set(dep["device_flops_per_s"]) == {"0", "1", "2", "3"}
+    rows = _timeline(tmp_path)
+    used = [r for r in rows if r["outcome"] == "used"]
+    assert used and all(float(r["compute_s"]) > 0 for r in used)  # measured, not priced
+    # every round waits for the slow device (a barrier): the rounds' times follow it
+    assert json.loads((tmp_path / "summary.json").read_text())["deployment"]["engine"] == "threads"
+
+
+def test_fedbuff_records_the_slow_devices_staleness(tmp_path: Path) -> None:
+    cfg = _cfg("strategy.name=fedbuff", "strategy.buffer_size=2", "budget.virtual_time=3")
+    res = deploy(cfg, tmp_path, LocalDevices(cfg, slow={3: 20.0}), engine_name="threads")
+    assert res.error is None and res.summary["aggregations"] >= 3
+    stale = [int(r["staleness"]) for r in _timeline(tmp_path)
+             if r["client"] == "3" and r["outcome"] in ("used", "stale")]  # fmt: skip
+    assert stale and max(stale) > 0
+
+
+def test_salf_devices_cut_their_work_to_a_layer_suffix(tmp_path: Path) -> None:
+    """The slowed device cannot train the full model within t_max at its measured speed: it
+    trains a layer suffix (its own clock decides), which the server aggregates layer-wise;
+    the others train in full."""
+    cfg = _cfg("strategy.name=salf", "salf.scenario=deadline", "strategy.t_max=0.15",
+               "model.hidden=[64,64]", "budget.virtual_time=3")  # fmt: skip
+    res = deploy(cfg, tmp_path, LocalDevices(cfg, slow={3: 60.0}), engine_name="threads")
+    assert res.error is None and res.summary["status"] == "completed"
+    rows = _timeline(tmp_path)
+    slow = {r["work"] for r in rows if r["client"] == "3"}
+    assert any(w.startswith("layer-suffix") for w in slow)
+    fast = [r for r in rows if r["client"] != "3" and r["outcome"] == "used"]
+    assert fast and all(r["work"] == "full-model" for r in fast)
+
+
+def test_a_device_that_sends_garbage_is_rejected_and_the_run_goes_on(tmp_path: Path) -> None:
+    def tamper(client: int, p: Payload) -> Payload:
+        if client == 2:
+            name = next(k for k in p.arrays if k.startswith("delta/"))
+            p.arrays[name] = np.full_like(p.arrays[name], np.nan)
+        if client == 1:
+            p.arrays["delta/evil"] = np.zeros(4, dtype=np.float32)
+        return p
+
+    cfg = _cfg("strategy.name=fedavg", "budget.virtual_time=2")
+    res = deploy(cfg, tmp_path, LocalDevices(cfg, tamper=tamper), engine_name="threads")
+    s = res.summary
+    assert res.error is None and s["status"] == "completed" and s["aggregations"] >= 2
+    assert s["updates_rejected"] >= 2 * s["aggregations"] - 2  # clients 1 and 2, every round
+    rejected = {r["client"] for r in _timeline(tmp_path) if r["outcome"] == "rejected"}
+    assert rejected == {"1", "2"}
+    reasons = {x["client"]: x["reason"] for x in s["deployment"]["rejected"]}
+    assert "non-finite" in reasons[2] and "unexpected" in reasons[1]
+
+
+def test_a_failing_device_is_recorded_and_the_round_closes(tmp_path: Path) -> None:
+    def tamper(client: int, p: Payload) -> Payload:
+        if client == 0:
+            raise RuntimeError("battery empty")
+        return p
+
+    cfg = _cfg("strategy.name=fedavg", "budget.virtual_time=1.5")
+    res = deploy(cfg, tmp_path, LocalDevices(cfg, tamper=tamper), engine_name="threads")
+    assert res.error is None and res.summary["aggregations"] >= 2
+    assert all("battery empty" in x["reason"] for x in res.summary["deployment"]["rejected"])
+
+
+def test_the_deploy_command_writes_a_run_folder_and_report(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, [
+        "deploy", "--engine", "threads", "--local", "3", "--slow", "2=3",
+        "--set", "budget.virtual_time=1.5", "--out", str(tmp_path), "--json", "-q",
+    ])  # fmt: skip
+    assert res.exit_code == 0, res.stderr or res.stdout
+    summary = json.loads(res.stdout)
+    assert summary["num_clients"] == 3 and summary["deployment"]["engine"] == "threads"
+    for name in ("config.yaml", "metrics.csv", "timeline.csv", "clients.csv", "report.html"):
+        assert (tmp_path / name).is_file()
+
+
+@pytest.mark.parametrize("bad", ["5=2", "1=0.5", "x=2", "1"])
+def test_a_bad_slow_option_is_one_sentence(tmp_path: Path, bad: str) -> None:
+    res = CliRunner().invoke(
+        app,
+        ["deploy", "--engine", "threads", "--local", "3", "--slow", bad, "--out", str(tmp_path)],
+    )
+    assert res.exit_code == 2 and "--slow" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_strategies_whose_trigger_cannot_lose_a_device_are_refused(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, [
+        "deploy", "--engine", "threads", "--local", "3", "--preset", "cis-table1-mnist",
+        "--out", str(tmp_path),
+    ])  # fmt: skip
+    assert res.exit_code != 0 and "Traceback" not in (res.stderr or "")
