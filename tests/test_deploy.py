@@ -24,12 +24,14 @@ from fedclock.deploy.wire import (
     Payload,
     RejectedReply,
     check_reply,
+    decode_shape,
     decode_task,
     encode_reply,
+    encode_shape,
     encode_task,
 )
 from fedclock.devices.cost import TaskCost, TaskTiming
-from fedclock.models.shapes import FULL, Suffix
+from fedclock.models.shapes import FULL, Fragment, OrderedDropout, Suffix, Width
 from fedclock.sim.types import Contribution, ModelVersion, Task, TaskPlan
 
 
@@ -66,6 +68,15 @@ def test_a_task_travels_whole() -> None:
     assert decode_task(encode_task(task, budget_s=None, cut="none", seed=4))[1] is None
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [FULL, Suffix(3), Width(0.25), Fragment(2, (0.5, 0.25, 1.0)),
+     OrderedDropout(0.5, (0.25, 0.5, 1.0))],
+)  # fmt: skip
+def test_every_deployable_shape_travels(shape: Any) -> None:
+    assert decode_shape(encode_shape(shape)) == shape
+
+
 def test_a_good_reply_is_accepted() -> None:
     task = _task()
     r = check_reply(_reply(task), task)
@@ -97,7 +108,7 @@ def _tampered(kind: str, task: Task) -> Payload:
     elif kind == "statistic of nothing":
         p.arrays["up/sq_grads/evil"] = np.zeros(3, dtype=np.float32)
     elif kind == "unknown shape":
-        p.config["shape"] = "Anything:x=1"
+        p.config["shape"] = 'Anything:{"x":1}'
     elif kind == "no loss":
         del p.config["train_loss"]
     elif kind == "negative count":
@@ -119,13 +130,18 @@ def test_a_malformed_reply_is_rejected_with_its_reason(kind: str) -> None:
 
 def test_a_device_may_cut_a_layer_suffix_only_deeper() -> None:
     task = _task(Suffix(2))
-    deeper = _reply(task, shape="Suffix:depth=3")
+    deeper = _reply(task, shape='Suffix:{"depth":3}')
     assert check_reply(deeper, task, max_depth=3).shape == Suffix(3)
-    for shape in ("Full", "Suffix:depth=4"):  # shallower than sent; past the last unit
+    for shape in (
+        "Full",
+        'Suffix:{"depth":4}',
+        'Suffix:{"evil":1}',
+        "Suffix:[1]",
+    ):  # shallower than sent; past the last unit
         with pytest.raises(RejectedReply):
             check_reply(_reply(task, shape=shape), task, max_depth=3)
     with pytest.raises(RejectedReply):  # a full task's device may not send a width slice
-        check_reply(_reply(_task(), shape="Width:rate=0.5"), _task())
+        check_reply(_reply(_task(), shape='Width:{"rate":0.5}'), _task())
 
 
 def _cfg(*sets: str) -> Any:
@@ -258,3 +274,34 @@ def test_strategies_whose_trigger_cannot_lose_a_device_are_refused(tmp_path: Pat
         "--out", str(tmp_path),
     ])  # fmt: skip
     assert res.exit_code != 0 and "Traceback" not in (res.stderr or "")
+
+
+def test_a_deployment_exports_its_measured_fleet_and_the_simulator_replays_it(
+    tmp_path: Path,
+) -> None:
+    """Closing the loop: `fedclock trace export` of a deployment writes the speeds its devices
+    measured (the slowed one slower), and the same config runs in simulation on that trace."""
+    runner = CliRunner()
+    run = tmp_path / "deployed"
+    res = runner.invoke(app, [
+        "deploy", "--engine", "threads", "--local", "3", "--slow", "2=6",
+        "--set", "budget.virtual_time=1.5", "--out", str(run), "-q",
+    ])  # fmt: skip
+    assert res.exit_code == 0, res.stderr or res.stdout
+    res = runner.invoke(app, ["trace", "export", str(run), "--out", str(tmp_path / "trace")])
+    assert res.exit_code == 0, res.stderr or res.stdout
+    lines = [x for x in (tmp_path / "trace" / "devices.csv").read_text().splitlines()
+             if not x.startswith("#")]  # fmt: skip
+    rows = list(csv.DictReader(lines))
+    measured = json.loads((run / "summary.json").read_text())["deployment"]["device_flops_per_s"]
+    speeds = [float(r["flops_per_s"]) for r in rows]
+    for c, v in measured.items():
+        assert speeds[int(c)] == pytest.approx(v, rel=1e-6)
+    assert speeds[2] < min(speeds[0], speeds[1])  # the slowed device measured itself slower
+    res = runner.invoke(app, [
+        "run", "--set", "partition.num_clients=3", "--set", "population.scenario=trace",
+        "--set", f"population.trace={tmp_path / 'trace'}", "--set", "budget.aggregations=3",
+        "--out", str(tmp_path / "simulated"), "--json", "-q",
+    ])  # fmt: skip
+    assert res.exit_code == 0, res.stderr or res.stdout
+    assert json.loads(res.stdout)["aggregations"] == 3

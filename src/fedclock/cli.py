@@ -1567,7 +1567,8 @@ def trace_export(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (its config.yaml).")],
     out: TraceOut = Path("trace"),
 ) -> None:
-    """A run's population (one device per client, as its config builds it) as a trace."""
+    """A run's population (one device per client, as its config builds it) as a trace; a
+    deployment's (fedclock deploy) as its devices measured themselves."""
     import numpy as np
 
     from fedclock.config import load_config, read_yaml
@@ -1582,14 +1583,40 @@ def trace_export(
         pop = build_population(cfg.population, cfg.partition.num_clients, cfg.seed)
         n = len(pop)
         ids = pop.device_ids or [f"client-{i}" for i in range(n)]
+        speed, up, down = (
+            np.array(pop.speed),
+            np.array(pop.up_bandwidth),
+            np.array(pop.down_bandwidth),
+        )
+        source = [f"source: the population of run {run_dir} (scenario {cfg.population.scenario}, "
+                  f"seed {cfg.seed}), one device per client"]  # fmt: skip
+        deployed = _deployment(run_dir)
+        if deployed is not None:  # a deployment: the fleet as it measured itself
+            for c, v in deployed.get("device_flops_per_s", {}).items():
+                speed[int(c)] = float(v)
+            for c, v in deployed.get("device_link_bytes_per_s", {}).items():
+                up[int(c)] = down[int(c)] = float(v)
+            source = [f"source: the devices of deployment {run_dir} ({deployed.get('engine')}) "
+                      "as they measured themselves on their last task: FLOP/s of their compute, "
+                      "bytes/s of the time between dispatch and reply they were not busy "
+                      "(up and down alike); a device never measured keeps its config's profile"]  # fmt: skip
         trace = Trace(
-            [f"client-{i}" for i in range(n)], np.array(pop.speed), np.array(pop.up_bandwidth),
-            np.array(pop.down_bandwidth), [""] * n, [f"{run_dir.name}:{d}" for d in ids],
-            pop.availability,
-            [f"source: the population of run {run_dir} (scenario {cfg.population.scenario}, "
-             f"seed {cfg.seed}), one device per client"],
+            [f"client-{i}" for i in range(n)], speed, up, down, [""] * n,
+            [f"{run_dir.name}:{d}" for d in ids], pop.availability, source,
         )  # fmt: skip
         _write_trace(out, trace)
+
+
+def _deployment(run_dir: Path) -> dict[str, Any] | None:
+    """summary.json's ``deployment`` record of a run made by ``fedclock deploy`` (else None)."""
+    from fedclock.metrics.recorder import read_summary
+
+    try:
+        summary = read_summary(run_dir)
+    except Exception:  # (a damaged summary: the config's population, as for any run)
+        return None
+    got = None if summary is None else summary.get("deployment")
+    return got if isinstance(got, dict) else None
 
 
 def _tolerant_streams() -> None:

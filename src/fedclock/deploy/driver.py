@@ -112,6 +112,7 @@ class RealTimeDriver(Simulator):
         self._late = 0  # replies to tasks no longer in flight (cut, or the run over)
         self.on_finish: Any = None  # called with the driver when the run ends
         self.speeds: dict[int, float] = {}  # client → the FLOP/s its device measured last
+        self.links: dict[int, float] = {}  # client → bytes/s of its last task's transfers
         self.rejections: list[tuple[int, int, str]] = []  # (task id, client, why)
 
     def clock(self) -> float:
@@ -166,6 +167,8 @@ class RealTimeDriver(Simulator):
         b_down, b_up = float(task.cost.bytes_down), float(task.cost.bytes_up)
         share = b_down / (b_down + b_up) if b_down + b_up > 0 else 0.5
         idle = max(total - transfer - compute, 0.0)  # on the device, not training
+        if transfer > 1e-6 and b_down + b_up > 0:  # the link as this task measured it
+            self.links[task.client] = (b_down + b_up) / transfer
         return TaskTiming(transfer * share + idle, compute, transfer * (1.0 - share))
 
     def _reject(self, task: Task, reason: str) -> None:

@@ -148,9 +148,14 @@ def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
     try:
         yield procs
     finally:
+        # (a SuperNode starts each ClientApp in a session of its own: found by parentage)
+        family = _descendants({p.pid for p in procs})
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10.0
         for p in procs:
             try:
@@ -159,6 +164,39 @@ def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+        for pid in family:  # gone by now, or killed
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(roots: set[int]) -> list[int]:
+    """Every process below ``roots`` (Linux's /proc; elsewhere none are found)."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = entry.read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[-1].split()
+        if len(fields) > 1:
+            parent[int(entry.parent.name)] = int(fields[1])
+    found: list[int] = []
+    frontier = set(roots)
+    while frontier:
+        frontier = {pid for pid, pp in parent.items() if pp in frontier and pid not in found}
+        found.extend(sorted(frontier))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie has exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def run_flower_local(

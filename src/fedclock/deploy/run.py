@@ -58,12 +58,15 @@ def deploy(
 
 
 def report(driver: RealTimeDriver, engine_name: str) -> dict[str, Any]:
-    """What a deployment adds to summary.json: the engine, each device's measured speed,
-    the replies rejected (and why) and those that came after their task was closed."""
+    """What a deployment adds to summary.json: the engine, each device's measured speed and
+    link (its last task's: FLOPs ÷ its compute time; bytes ÷ the time between dispatch and
+    reply the device was not busy), the replies rejected (and why) and those that came after
+    their task was closed. ``fedclock trace export`` writes the measured fleet as a trace."""
     return {
         "engine": engine_name,
         "clock": "wall",
         "device_flops_per_s": {str(c): s for c, s in sorted(driver.speeds.items())},
+        "device_link_bytes_per_s": {str(c): b for c, b in sorted(driver.links.items())},
         "rejected": [{"task_id": t, "client": c, "reason": why} for t, c, why in driver.rejections],
         "late_replies": driver.late_replies,
     }

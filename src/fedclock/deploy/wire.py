@@ -18,6 +18,7 @@ base's shape and dtype, every value finite, within a size bound; otherwise it ra
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +33,10 @@ from fedclock.sim.types import ModelVersion, Params, Task, TaskPlan
 Scalar = int | float | str | bool
 #: the work shapes a task may carry to a device (their fields are plain numbers)
 SHAPES: dict[str, type[WorkShape]] = {
-    "Full": shape_types.Full,
-    "Suffix": shape_types.Suffix,
-    "Width": shape_types.Width,
-}
+    t.__name__: t
+    for t in (shape_types.Full, shape_types.Suffix, shape_types.Width, shape_types.Fragment,
+              shape_types.Neurons, shape_types.OrderedDropout)
+}  # fmt: skip
 #: a reply may be at most this many times the bytes of the tensors it answers (Δ, buffers
 #: and statistics each at most the model's size), plus this slack for the configuration
 MAX_REPLY_FACTOR = 4
@@ -73,15 +74,20 @@ def suffix_depth(shape: WorkShape) -> int | None:
 
 
 def encode_shape(shape: WorkShape) -> str:
-    """A work shape as ``Name`` or ``Name:field=value,...`` (plain numbers only)."""
+    """A work shape as ``Name`` or ``Name:{fields as JSON}`` (numbers, strings, lists)."""
     name = type(shape).__name__
     if SHAPES.get(name) is not type(shape):
         raise ValueError(
             f"{shape.describe()} tasks cannot be sent to a device yet (deployable shapes: "
             f"{', '.join(SHAPES)})."
         )
-    fields = [f"{f.name}={getattr(shape, f.name)!r}" for f in dataclasses.fields(shape)]  # type: ignore[arg-type]
-    return name if not fields else f"{name}:{','.join(fields)}"
+    fields = {f.name: getattr(shape, f.name) for f in dataclasses.fields(shape)}  # type: ignore[arg-type]
+    return name if not fields else f"{name}:{json.dumps(fields, separators=(',', ':'))}"
+
+
+def _tuples(x: Any) -> Any:
+    """JSON's lists back as the tuples a frozen shape holds."""
+    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
 
 
 def decode_shape(text: str) -> WorkShape:
@@ -91,17 +97,14 @@ def decode_shape(text: str) -> WorkShape:
         raise RejectedReply(f"unknown work shape {name!r}")
     if cls is shape_types.Full:
         return FULL
-    kwargs: dict[str, Any] = {}
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     try:
-        for item in filter(None, rest.split(",")):
-            key, _, value = item.partition("=")
-            if key not in names:
-                raise ValueError(key)
-            kwargs[key] = float(value) if "." in value or "e" in value else int(value)
-        return cls(**kwargs)
+        raw = json.loads(rest) if rest else {}
+        if not isinstance(raw, dict) or not set(raw) <= names:
+            raise ValueError(f"fields {sorted(raw) if isinstance(raw, dict) else raw!r}")
+        return cls(**{k: _tuples(v) for k, v in raw.items()})
     except (ValueError, TypeError) as exc:
-        raise RejectedReply(f"the work shape {text!r} cannot be read ({exc})") from None
+        raise RejectedReply(f"the work shape {text[:80]!r} cannot be read ({exc})") from None
 
 
 def encode_task(
