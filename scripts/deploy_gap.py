@@ -22,7 +22,7 @@ def _rows(run: Path) -> list[dict[str, str]]:
 def describe(run: Path) -> dict[str, object]:
     summary = json.loads((run / "summary.json").read_text())
     rows = _rows(run)
-    steps = [float(r["t_server"]) for r in rows if r["event"] == "aggregation"]
+    steps = [float(r["t_start"]) for r in rows if r["event"] == "aggregation"]
     gaps = [b - a for a, b in zip([0.0, *steps], steps, strict=False)]
     tasks: dict[str, list[float]] = {}
     for r in rows:

@@ -205,7 +205,7 @@ def run_flower_local(
     """A SuperLink and ``nodes`` SuperNodes on localhost, then `flwr run` of fedclock's app on
     them (the run's config ``config_path``, its folder ``run_dir``); everything is stopped
     at the end. The exit status of `flwr run`."""
-    home = run_dir / "flower"
+    home = run_dir.resolve() / "flower"  # (Flower needs an absolute FLWR_HOME)
     app = home / "app"
     app.mkdir(parents=True, exist_ok=True)
     (app / "pyproject.toml").write_text(APP_PYPROJECT)
