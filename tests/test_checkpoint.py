@@ -165,6 +165,10 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
     "oort-availability": {"population.scenario": "trace", "population.trace": str(
         Path(__file__).parent / "data" / "trace-availability"), "strategy.client_fraction": 0.5,
         "selection.name": "oort", "budget.aggregations": 6},
+    # SALF over half its users a round, chosen by Oort: eq. 9's p_l over each round's users
+    "salf-oort": {"strategy.name": "salf", "salf.scenario": "deadline", "strategy.t_max": 0.5,
+                  "strategy.client_fraction": 0.5, "selection.name": "oort",
+                  "budget.aggregations": 6},
     "fedfix-estimated": {
         "strategy.name": "fedfix", "strategy.delta_t": 0.3, "strategy.tau_source": "estimated",
         "budget.aggregations": 10,

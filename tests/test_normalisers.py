@@ -52,6 +52,17 @@ def test_per_unit_weights_the_mean_over_the_units_holders() -> None:
                                torch.full((3,), 0.7, dtype=torch.float64))  # fmt: skip
 
 
+def test_per_unit_reads_the_rounds_p_when_a_round_asks_some_users() -> None:
+    """SALF over some users a round: eq. 9 divides by 1 − p_l of that round's users."""
+    units = SimpleNamespace(of_param={"w": 1})
+    cs = [_c(0, [1.0, 1.0, 1.0]), _c(1, [3.0, 3.0, 3.0])]
+    ps = iter([[0.5], [0.75]])
+    paper = PerUnit(mode="paper", units=units, num_users=4, p_values=[0.0],  # type: ignore[arg-type]
+                    round_p=lambda: next(ps))  # fmt: skip
+    assert paper(BASE, cs, np.array([0.5, 0.5]), delta)["w"].tolist() == [4.0] * 3  # 2/0.5
+    assert paper(BASE, cs, np.array([0.5, 0.5]), delta)["w"].tolist() == [8.0] * 3  # 2/0.25
+
+
 def test_memory_average_refuses_a_weighting_it_would_ignore() -> None:
     p = np.array([0.2, 0.3, 0.5])
     norm = MemoryAverage(p)

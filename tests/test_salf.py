@@ -969,3 +969,64 @@ def test_salf_suffix_work_composes_with_a_fedbuff_trigger(tmp_path, monkeypatch)
             assert all(torch.count_nonzero(delta[n]) == 0 for n in names[:2])
             assert any(torch.count_nonzero(delta[n]) > 0 for n in names[2:])
     assert res.history[-1]["test_accuracy"] > res.history[0]["test_accuracy"]
+
+
+def test_p_over_some_users_multiplies_their_factors() -> None:
+    """Hand-computed: users 0 and 2 of three, P(not reaching l) 0.5, 0.9 and 1.0, 0.3:
+    p = (0.5·1.0, 0.9·0.3) = (0.5, 0.27); over every user it is p_exact's product."""
+    from fedclock.strategies.salf import p_over_users
+
+    factors = np.array([[0.5, 0.9], [0.2, 1.0], [1.0, 0.3]])
+    got = p_over_users(factors, [0, 2])
+    assert got[0] == 0.5 and abs(got[1] - 0.27) < 1e-15
+    assert p_over_users(factors, []) == [1.0, 1.0]
+
+
+_SALF_SOME = [
+    "strategy.name=salf",
+    "salf.scenario=deadline",
+    "strategy.t_max=0.5",
+    "strategy.client_fraction=0.5",
+]
+
+
+def test_the_reach_factors_multiply_to_p_exact() -> None:
+    from fedclock.experiment import _build
+    from fedclock.strategies.salf import DeadlineDepths, p_over_users
+    from tests.conftest import tiny_raw
+
+    cfg = load_config(raw=tiny_raw(), overrides=_SALF_SOME[:3])
+    parts = _build(cfg, None)
+    depths = parts.strategy.planner.depths
+    assert isinstance(depths, DeadlineDepths)
+    factors = depths.reach_factors(parts.population)
+    want = depths.p_exact(parts.population)
+    assert np.allclose(p_over_users(factors, range(len(factors))), want, rtol=1e-12, atol=0.0)
+    assert min(want) > 0.0 and max(want) < 1.0  # (not a trivial case: some layers uncertain)
+
+
+@pytest.mark.parametrize("selection", ["random", "oort", "tifl"])
+def test_salf_over_some_users_a_round_composes_with_selection(tmp_path, selection: str) -> None:
+    """Oort / TiFL / uniform choose half the users a round; the slow ones among them still
+    send the layer suffix they reach by the deadline, aggregated by eq. 9 over the round."""
+    from tests.conftest import tiny_raw
+
+    cfg = load_config(raw=tiny_raw(), overrides=[*_SALF_SOME, f"selection.name={selection}",
+                                                 "budget.aggregations=6"])  # fmt: skip
+    res = run_experiment(cfg, run_dir=tmp_path)
+    assert res.summary["status"] == "completed" and res.summary["aggregations"] == 6
+    assert res.summary["updates_used"] <= 6 * 3  # 3 of the 6 users a round
+
+
+@pytest.mark.parametrize("change", ["salf.mode=reference", "salf.scenario=ratio"])
+def test_salf_over_some_users_needs_the_deadline_scenario_in_paper_mode(
+    tmp_path, change: str
+) -> None:
+    from tests.conftest import tiny_raw
+
+    over = [*_SALF_SOME, change]
+    if change == "salf.scenario=ratio":  # (the ratio scenario reads no deadline)
+        over = ["strategy.name=salf", "strategy.client_fraction=0.5", change,
+                "population.straggler_ratio=0.5"]  # fmt: skip
+    with pytest.raises(ConfigError, match="paper mode"):
+        run_experiment(load_config(raw=tiny_raw(), overrides=over), run_dir=tmp_path)

@@ -472,3 +472,41 @@ def test_oort_composes_with_partial_work(tmp_path: Any, kind: str, strategy: str
             "selection.name": "oort", "executor.kind": kind}  # fmt: skip
     got = _run(tmp_path, kind, **over)
     assert got.summary["aggregations"] == 6 and got.summary["updates_used"] > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 6), min_size=1, max_size=40),
+    st.data(),
+)
+def test_a_sorted_array_updated_in_place_equals_a_sort(values: list[int], data: Any) -> None:
+    """Oort keeps every positive reward sorted across rounds by removing the replaced values
+    and inserting the new ones (repeated values included): the same array a sort gives."""
+    from fedclock.strategies.selection import _replace_sorted
+
+    arr = np.array(values, dtype=np.float64)
+    idx = data.draw(st.lists(st.integers(0, len(arr) - 1), unique=True, max_size=len(arr)))
+    new = data.draw(st.lists(st.integers(1, 6), min_size=len(idx), max_size=len(idx)))
+    got = _replace_sorted(np.sort(arr), [float(arr[i]) for i in idx], [float(v) for v in new])
+    arr[idx] = new
+    assert np.array_equal(got, np.sort(arr))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 60))
+def test_the_cached_exploration_order_is_top_positions_over_the_unexplored(
+    seed: int, k: int
+) -> None:
+    """Oort's exploration over every client reads a cached order (one per preferred duration
+    T) instead of ranking the unexplored each round: the same clients, in the same order."""
+    rng = np.random.default_rng(seed)
+    n = 300
+    oort = Oort(SimpleNamespace(), np.full(n, 10))
+    oort.reward = rng.integers(1, 5, n).astype(np.float64)  # ties on purpose
+    oort.duration = rng.choice([1.0, 2.0, 3.0], n)
+    oort.count = (rng.random(n) < 0.4).astype(np.int64)
+    for preferred in (2.0, 2.0, 1.5):  # (cached, then rebuilt for another T)
+        unexplored = np.flatnonzero(oort.count == 0)
+        want = unexplored[top_positions(oort._explore_values(unexplored, preferred), k)]
+        assert np.array_equal(oort._top_unexplored(preferred, k), want)
+        oort.count[rng.choice(n, 20)] += 1  # some more explored

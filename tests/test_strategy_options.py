@@ -71,8 +71,8 @@ def _error(raw: dict, *, grid: bool = False) -> str:
         (
             {"name": "fedfix", "delta_t": 1.0, "client_fraction": 0.5},
             {},
-            "Config field 'strategy.client_fraction' is read by fedavg, fedprox, fednova, scaffold, feddyn, ram-fed, fedrolex, fjord, prunefl, splitfed and "
-            "drop-stragglers, not by fedfix.",
+            "Config field 'strategy.client_fraction' is read by fedavg, fedprox, fednova, scaffold, feddyn, ram-fed, fedrolex, fjord, prunefl, splitfed, "
+            "drop-stragglers and salf, not by fedfix.",
         ),
         (
             {"name": "fedavg"},

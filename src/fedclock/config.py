@@ -1070,6 +1070,15 @@ class SalfOptions(_SalfDepthOptions):
     )
     salf_fields = ("scenario", "mode", "p_rule", "charge")
 
+    client_fraction: float = Field(
+        1.0, gt=0, le=1,
+        description="fraction of the users asked per round (1: every user, the paper's; "
+        "below 1 or with a selection: the deadline scenario in paper mode, eq. 9's p_l over "
+        "the round's users)",
+    )  # fmt: skip
+
+    selects = True
+
 
 class HeteroFLOptions(_SalfDepthOptions):
     name: Literal["heterofl"] = "heterofl"

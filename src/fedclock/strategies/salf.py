@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -93,6 +93,18 @@ def slowdown_survival(x: float, kind: str, sigma: float) -> float:
     if kind == "exponential":
         return math.exp(-x)
     raise ValueError(f"unknown slowdown kind {kind!r}")
+
+
+def p_over_users(factors: np.ndarray, users: Sequence[int]) -> list[float]:
+    """p_l = P(|U^l| = 0) over the round's ``users`` only: Π_{u ∈ users} P(u does not reach
+    l), from :meth:`DeadlineDepths.reach_factors` (users in the order given; l = 1..L)."""
+    num_layers = factors.shape[1]
+    out = [1.0] * num_layers
+    for u in users:
+        row = factors[u]
+        for layer in range(num_layers):
+            out[layer] *= float(row[layer])
+    return out
 
 
 def p_exact_deadline(
@@ -248,10 +260,14 @@ class PerUnit:
     checkpoint_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
-        self, *, mode: str, units: Units, num_users: int, p_values: Sequence[float]
-    ) -> None:
+        self, *, mode: str, units: Units, num_users: int, p_values: Sequence[float],
+        round_p: Callable[[], Sequence[float]] | None = None,
+    ) -> None:  # fmt: skip
         self.mode, self.units, self.num_users = mode, units, num_users
         self.p_values = tuple(p_values)  # p_l for l = 1..L
+        # a round over some of the users (SALF with a client fraction or a selection): p_l
+        # of the round's users, asked at each aggregation
+        self.round_p = round_p
 
     def __call__(
         self, base: ModelVersion, contributions: Sequence[Contribution], w: np.ndarray,
@@ -260,6 +276,7 @@ class PerUnit:
         update: Params = {}
         equal = _equal(w)
         by_u = equal and (len(w) == 0 or w[0] == 1.0 / self.num_users)
+        p_values = self.p_values if self.round_p is None else tuple(self.round_p())
         for name, theta in base.params.items():
             if self.mode == "reference":  # every user's Δ (0 where it did not train)
                 deltas = [c.delta[name] for c in contributions]
@@ -273,7 +290,7 @@ class PerUnit:
                 held = [t for t, _ in got]
                 unit = self.units.of_param[name]
                 weights = None if equal else [wi for _, wi in got]
-                update[name] = salf_layer_delta(theta, held, self.p_values[unit - 1], weights)
+                update[name] = salf_layer_delta(theta, held, p_values[unit - 1], weights)
         return update
 
 
@@ -338,13 +355,14 @@ class SalfBuffers:
 
 def salf_update(
     *, mode: str, units: Units, num_users: int, p_values: Sequence[float],
-    server: ServerOptimizer | None = None,
+    server: ServerOptimizer | None = None, round_p: Callable[[], Sequence[float]] | None = None,
 ) -> Update:  # fmt: skip
     """Eq. 9 (``paper``; p = 0: a plain mean over U^l) or the authors' divide-by-U
     (``reference``) as the one server update: it takes full and layer-suffix contributions."""
     return Update(
         SalfWeighting(mode=mode, num_users=num_users),
-        normaliser=PerUnit(mode=mode, units=units, num_users=num_users, p_values=p_values),
+        normaliser=PerUnit(mode=mode, units=units, num_users=num_users, p_values=p_values,
+                           round_p=round_p),
         buffers=SalfBuffers(mode=mode, units=units, num_users=num_users), server=server,
         step_when_empty=True,
     )  # fmt: skip
@@ -421,20 +439,36 @@ class DeadlineDepths:
             depths[c] = deadline_depth(durations, self.t_max)
         return Draw(depths, depths > 1)
 
+    def reach_factors(self, population: Population) -> np.ndarray:
+        """Per user u and unit l, P(u does not reach l) this round (U × L): the factors of
+        :func:`p_exact_deadline`'s product, one user at a time (a round over some users
+        multiplies theirs, :func:`p_over_users`)."""
+        L = self.layout.units.count
+        out = np.ones((len(self.full_plans), L))
+        for u in range(len(self.full_plans)):
+            out[u] = self._p_exact(population, users=[u])
+        return out
+
     def p_exact(self, population: Population | None = None) -> list[float]:
         """P(|U^l| = 0), l = 1..L (:func:`p_exact_deadline`): needs the ``population``
         (speeds, bandwidths, slowdown)."""
+        return self._p_exact(population)
+
+    def _p_exact(
+        self, population: Population | None, users: Sequence[int] | None = None
+    ) -> list[float]:
         if population is None:
             raise ValueError("p_rule 'exact' in the deadline scenario needs the population")
         L = self.layout.units.count
         # one sample's depth-l task, l = 1..L: the same shapes and costs the rounds dispatch
         per_sample = [(FULL if d == 1 else Suffix(d)).cost(self.layout, 1) for d in range(1, L + 1)]
+        who = list(range(len(self.full_plans))) if users is None else list(users)
         return p_exact_deadline(
-            t_max=self.t_max, speed=population.speed.tolist(),
-            up_bandwidth=population.up_bandwidth.tolist(),
-            down_bandwidth=population.down_bandwidth.tolist(),
+            t_max=self.t_max, speed=population.speed[who].tolist(),
+            up_bandwidth=population.up_bandwidth[who].tolist(),
+            down_bandwidth=population.down_bandwidth[who].tolist(),
             slowdown_kind=population.slowdown_kind, slowdown_sigma=population.slowdown_sigma,
-            samples=[plan.samples for plan in self.full_plans],
+            samples=[self.full_plans[u].samples for u in who],
             flops_per_sample=[c.flops for c in per_sample], down_bytes=self.layout.model_bytes,
             up_bytes=[c.bytes_up for c in per_sample],
         )  # fmt: skip
@@ -490,11 +524,34 @@ def _check(cfg: Any, info: Any, method: str) -> None:
         raise ConfigError(
             "Strategy 'heterofl' supports models without BatchNorm buffers (mlp, cnn) only."
         )
+    some = getattr(cfg.strategy, "client_fraction", 1.0) < 1.0 or cfg.selection.name != "random"
+    if method == "salf" and some and (sc.scenario != "deadline" or sc.mode != "paper"):
+        raise ConfigError(
+            "SALF over some of its users per round (strategy.client_fraction below 1, or a "
+            "selection) runs in the deadline scenario in paper mode only (eq. 9's p_l over "
+            "each round's users); set salf.scenario: deadline and salf.mode: paper."
+        )
     if sc.scenario == "deadline" and sc.mode == "reference" and sc.charge == "work":
         raise ConfigError(
             "salf.mode 'reference' under a deadline needs salf.charge: suffix (the authors' "
             "code trains the full step, so with charge 'work' no partial depth could fit)."
         )
+
+
+def _round_p(
+    rule: str, depths: Any, population: Population | None, rounds: Any, num_units: int
+) -> Callable[[], list[float]]:
+    """p_l of the users a round asked (SALF over some of its users): ``exact`` multiplies
+    those users' factors (:meth:`DeadlineDepths.reach_factors`), ``eq10`` is eq. 10 with U
+    the round's user count, ``zero`` a plain mean."""
+    if rule == "zero":
+        return lambda: [0.0] * num_units
+    if rule == "eq10":
+        return lambda: [p_eq10(layer, num_units, len(rounds.participants()))
+                        for layer in range(1, num_units + 1)]  # fmt: skip
+    assert population is not None
+    factors = depths.reach_factors(population)
+    return lambda: p_over_users(factors, rounds.participants())
 
 
 def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
@@ -540,8 +597,10 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
         depths=None if method == "vanilla" else depths, full_plans=full_plans, layout=layout,
         **extra,
     )  # fmt: skip
+    fraction = getattr(cfg.strategy, "client_fraction", 1.0) if method == "salf" else 1.0
     rounds = SyncRounds(t_max=t_max if keeps_deadline and sc.scenario == "deadline" else None,
-                        work=work)  # fmt: skip
+                        work=work, client_fraction=fraction)  # fmt: skip
+    some_users = fraction < 1.0 or cfg.selection.name != "random"
     server = server_optimizer(cfg.strategy, lr=cfg.strategy.server_lr)
     if method == "heterofl":  # 1/n recorded; the update averages each element over holders
         aggregator = Update(
@@ -558,8 +617,12 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
             population = build_population(cfg.population, U, cfg.seed)
         p = p_values(rule, depths, population)
         log.debug("%s p_l (p_rule %s, scenario %s): %s", method, rule, sc.scenario, p)
+        round_p = None
+        if some_users and method == "salf":  # eq. 9's p_l over each round's users
+            rounds.track_participants = True
+            round_p = _round_p(rule, depths, population, rounds, units.count)
         aggregator = salf_update(mode=sc.mode, units=units, num_users=U, p_values=p,
-                                 server=server)  # fmt: skip
+                                 server=server, round_p=round_p)  # fmt: skip
     needs = Needs(
         shapes=frozenset({type(FULL), Suffix, Width}),  # what the work planners dispatch
         layout=layout, suffix_trains_fully=sc.mode == "reference",

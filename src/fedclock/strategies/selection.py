@@ -87,6 +87,19 @@ def top_positions(values: np.ndarray, k: int) -> np.ndarray:
     return top[np.lexsort((top, -values[top]))]
 
 
+def _replace_sorted(s: np.ndarray, gone: list[float], add: list[float]) -> np.ndarray:
+    """Ascending ``s`` with the values ``gone`` removed (one occurrence each) and ``add``
+    inserted: two O(N) passes, not a sort."""
+    if gone:
+        at = np.searchsorted(s, np.sort(np.array(gone)))
+        at += np.arange(len(at)) - np.searchsorted(at, at)  # repeated values
+        s = np.delete(s, at)
+    if add:
+        a = np.sort(np.array(add))
+        s = np.insert(s, np.searchsorted(s, a), a)
+    return s
+
+
 # ------------------------------------------------------------------ Oort
 def oort_scores(
     reward: np.ndarray,
@@ -98,6 +111,7 @@ def oort_scores(
     penalty: float,
     clip_bound: float,
     norm_rewards: np.ndarray,
+    norm_sorted: bool = False,
 ) -> np.ndarray:
     """Oort's exploitation score of explored clients (FedScale ``getTopK``):
 
@@ -107,12 +121,17 @@ def oort_scores(
     R_i the client's last statistical utility, L_i the round it was last heard from, r the
     current round (from 1), t_i its last duration, T the preferred round duration; the
     normalisation (clip at the ``clip_bound`` quantile, R_min·0.999, range ≥ 1e-4) runs over
-    ``norm_rewards`` (the positive rewards of every feasible client)."""
+    ``norm_rewards`` (the positive rewards of every feasible client; ``norm_sorted``: given
+    ascending)."""
     if len(norm_rewards):
         q = min(int(len(norm_rewards) * clip_bound), len(norm_rewards) - 1)
-        clip = float(np.partition(norm_rewards, q)[q])  # the sorted list's q-th (O(n))
-        lo = float(norm_rewards.min()) * 0.999
-        span = max(float(norm_rewards.max()) - lo, 1e-4)
+        if norm_sorted:
+            clip, least, most = (float(norm_rewards[i]) for i in (q, 0, -1))
+        else:
+            clip = float(np.partition(norm_rewards, q)[q])  # the sorted list's q-th (O(n))
+            least, most = float(norm_rewards.min()), float(norm_rewards.max())
+        lo = least * 0.999
+        span = max(most - lo, 1e-4)
     else:
         clip, lo, span = math.inf, 0.0, 1.0
     sc = (np.minimum(reward, clip) - lo) / span + np.sqrt(
@@ -189,6 +208,12 @@ class Oort:
         self.exploit_history: list[float] = []
         self.explore_history: list[float] = []
         self.last_util_record = 0
+        # derived, not checkpointed (rebuilt on first use): every client's positive reward,
+        # ascending (the normalisation's clip quantile, min and max without a partition);
+        # and for one preferred duration T, every client ordered by its exploration value
+        # (largest first, ties by id: unexplored clients' values never change)
+        self._positive: np.ndarray | None = None
+        self._explore_order: tuple[float, np.ndarray, int] | None = None
 
     def setup(self, ctx: Context) -> None:
         n = ctx.num_clients
@@ -199,6 +224,7 @@ class Oort:
         self.sorted_duration = np.sort(self.duration)
         self.time_stamp = np.zeros(n, dtype=np.int64)
         self.count = np.zeros(n, dtype=np.int64)
+        self._positive = self._explore_order = None  # (derived from the arrays above)
 
     # -- the pacer (FedScale ``pacer``): widen T when the exploited utility stalls
     def _pacer(self, cur: int) -> None:
@@ -251,18 +277,26 @@ class Oort:
             feasible = candidates[~self._blacklist()[candidates]]
         preferred = self.preferred_duration()
         everyone = len(feasible) == len(self.count)  # (the whole population: no gathers)
-        rewards = self.reward if everyone else self.reward[feasible]
-        heard = (self.count if everyone else self.count[feasible]) > 0
-        explored, unexplored = feasible[heard], feasible[~heard]
+        unexplored: np.ndarray | None = None  # (None: every client feasible, read the cache)
+        if everyone:  # explored ones by id; the positive rewards kept sorted (same values)
+            explored = np.flatnonzero(self.count > 0)
+            n_unexplored = len(self.count) - len(explored)
+            norm = self._positive_rewards()
+        else:
+            rewards = self.reward[feasible]
+            heard = self.count[feasible] > 0
+            explored, unexplored = feasible[heard], feasible[~heard]
+            n_unexplored = len(unexplored)
+            norm = rewards[rewards > 0]
         scores = oort_scores(
             self.reward[explored], self.duration[explored], self.time_stamp[explored], cur,
             preferred=preferred, penalty=self.round_penalty, clip_bound=self.clip_bound,
-            norm_rewards=rewards[rewards > 0],
+            norm_rewards=norm, norm_sorted=everyone,
         )  # fmt: skip
         self.exploration = max(self.exploration * self.exploration_decay, self.exploration_min)
-        explore_len = min(int(m * self.exploration), len(unexplored))
+        explore_len = min(int(m * self.exploration), n_unexplored)
         exploit_len = min(m - explore_len, len(explored))
-        explore_len = min(len(unexplored), m - exploit_len)  # (unfilled slots: exploration)
+        explore_len = min(n_unexplored, m - exploit_len)  # (unfilled slots: exploration)
         # exploitation: the clients from the top down to cut_off_util of the exploit_len-th
         # score (and at least the top 10·exploit_len + 1), sampled ∝ score
         exploit = np.zeros(0, dtype=np.int64)
@@ -279,16 +313,57 @@ class Oort:
         # exploration: unexplored clients by their (penalised) size, the top
         # sample_window·explore_len of them, sampled ∝ it
         explore = np.zeros(0, dtype=np.int64)
-        if explore_len > 0:
-            init = self.reward[unexplored].copy()
-            d = self.duration[unexplored]
-            slow = d > preferred
-            init[slow] *= (preferred / np.maximum(d[slow], 1e-4)) ** self.round_penalty
+        if explore_len > 0 and unexplored is None:  # the cached order, explored ones skipped
+            top = self._top_unexplored(preferred, int(self.sample_window * explore_len))
+            init = self._explore_values(top, preferred)
+            explore = top[weighted_sample(rng, init, explore_len)]
+        elif explore_len > 0:
+            assert unexplored is not None
+            init = self._explore_values(unexplored, preferred)
             window = top_positions(init, int(self.sample_window * explore_len))
             explore = unexplored[window[weighted_sample(rng, init[window], explore_len)]]
         self.exploit_clients = [int(c) for c in exploit]
         self.explore_clients = [int(c) for c in explore]
         return np.sort(np.concatenate([explore, exploit]).astype(np.int64))
+
+    def _explore_values(self, clients: np.ndarray, preferred: float) -> np.ndarray:
+        """An unexplored client's exploration value: its reward (the samples of an epoch),
+        times (T/t_i)^α when slower than T (FedScale's ``getTopK``)."""
+        init = self.reward[clients].copy()
+        d = self.duration[clients]
+        slow = d > preferred
+        init[slow] *= (preferred / np.maximum(d[slow], 1e-4)) ** self.round_penalty
+        return init
+
+    def _top_unexplored(self, preferred: float, k: int) -> np.ndarray:
+        """The k unexplored clients of largest exploration value, largest first, ties by id —
+        :func:`top_positions` over them — from every client's order for ``preferred``
+        (sorted once per T; unexplored clients' values never change), explored ones skipped."""
+        cached = self._explore_order
+        if cached is None or cached[0] != preferred:
+            everyone = np.arange(len(self.count))
+            values = self._explore_values(everyone, preferred)
+            cached = (preferred, np.lexsort((everyone, -values)), 0)
+        _, order, start = cached
+        heard = self.count > 0
+        while start < len(order) and heard[order[start]]:  # (a fully explored head)
+            start += 1
+        self._explore_order = (preferred, order, start)
+        out: list[np.ndarray] = []
+        got, at, chunk = 0, start, max(4 * k, 64)
+        while got < k and at < len(order):
+            part = order[at : at + chunk]
+            part = part[~heard[part]]
+            out.append(part)
+            got += len(part)
+            at += chunk
+        return np.concatenate(out)[:k] if out else np.zeros(0, dtype=np.int64)
+
+    def _positive_rewards(self) -> np.ndarray:
+        """Every client's positive reward, ascending (kept up to date by :meth:`on_round`)."""
+        if self._positive is None:
+            self._positive = np.sort(self.reward[self.reward > 0])
+        return self._positive
 
     def on_round(
         self, ctx: Context, r: int, used: Sequence[Contribution], tasks: Sequence[Task]
@@ -296,13 +371,19 @@ class Oort:
         from fedclock.train.statistics import statistics_of, utility
 
         old, new = [], []
+        gone_r, new_r = [], []  # the positive rewards replaced (for the sorted copy)
         last = {c.client: c for c in used}  # (a client heard twice: its latest update)
         for c in last.values():
             stats = statistics_of(c)
             if stats is None:
                 continue
             i = c.client
-            self.reward[i] = utility(stats)
+            before, after = self.reward[i], utility(stats)
+            if before > 0:
+                gone_r.append(before)
+            if after > 0:
+                new_r.append(after)
+            self.reward[i] = after
             old.append(self.duration[i])
             self.duration[i] = new_d = c.task.timing.duration
             new.append(new_d)
@@ -316,6 +397,8 @@ class Oort:
             s = np.delete(s, gone)
             add = np.sort(np.array(new))
             self.sorted_duration = np.insert(s, np.searchsorted(s, add), add)
+        if self._positive is not None and (gone_r or new_r):
+            self._positive = _replace_sorted(self._positive, gone_r, new_r)
 
 
 # ------------------------------------------------------------------ TiFL

@@ -95,6 +95,14 @@ class SyncRounds:
         self._late: dict[int, Task] = {}  # still training after their round closed
         self._stale: list[Contribution] = []  # arrived late, used at the next close
         self._waiting = False  # every online client busy with a late task: wait for one
+        # keep the round's tasks (participants()) without a selection too: SALF over a
+        # fraction of its users computes eq. 9's p_l over the round's users
+        self.track_participants = False
+
+    def participants(self) -> list[int]:
+        """The clients asked in the round being closed (with a selection or
+        ``track_participants``), ascending."""
+        return sorted({t.client for t in self._dispatched})
 
     def on_start(self, ctx: Context) -> None:
         if self.selection is not None:
@@ -159,7 +167,7 @@ class SyncRounds:
                 continue
             ctx.dispatch(task, execute=not late)
             self._outstanding[task.task_id] = task
-        if self.selection is not None:
+        if self.selection is not None or self.track_participants:
             self._dispatched = [*self._outstanding.values(), *self._cut, *late_now]
         self._hold = hold
         if deadline is not None and (hold or late_any or ctx.real_time):
@@ -257,8 +265,8 @@ class SyncRounds:
             self._stale = []
         if self.selection is not None:  # what the round's participants sent up
             self.selection.on_round(ctx, self.round, used, self._dispatched)
-            self._dispatched = []
-        ctx.commit(used)
+        ctx.commit(used)  # (the update may read the round's participants: cleared after)
+        self._dispatched = []
         self.round += 1
         if not ctx.stopping:
             self._start_round(ctx)
