@@ -1030,3 +1030,18 @@ def test_salf_over_some_users_needs_the_deadline_scenario_in_paper_mode(
                 "population.straggler_ratio=0.5"]  # fmt: skip
     with pytest.raises(ConfigError, match="paper mode"):
         run_experiment(load_config(raw=tiny_raw(), overrides=over), run_dir=tmp_path)
+
+
+def test_salf_with_oort_gives_the_same_run_in_both_executors(tmp_path) -> None:
+    from tests.conftest import tiny_raw
+
+    got = []
+    for kind in ("serial", "vectorized"):
+        cfg = load_config(raw=tiny_raw(), overrides=[*_SALF_SOME, "selection.name=oort",
+                                                     f"executor.kind={kind}"])  # fmt: skip
+        got.append(run_experiment(cfg, run_dir=tmp_path / kind).history)
+    keys = ("aggregation", "updates_used", "compute_s_spent")  # the same rounds and work
+    rows = [[{k: r.get(k) for k in keys} for r in h] for h in got]
+    assert rows[0] == rows[1]
+    for a, b in zip(got[0], got[1], strict=True):  # (float32 training: a flipped test image)
+        assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=0.01)
