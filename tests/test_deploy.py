@@ -305,3 +305,23 @@ def test_a_deployment_exports_its_measured_fleet_and_the_simulator_replays_it(
     ])  # fmt: skip
     assert res.exit_code == 0, res.stderr or res.stdout
     assert json.loads(res.stdout)["aggregations"] == 3
+
+
+def test_without_flower_the_flower_engine_says_how_to_install_it(tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("flower-superlink") is not None:
+        pytest.skip("Flower is installed here")
+    res = CliRunner().invoke(app, ["deploy", "--local", "2", "--out", str(tmp_path / "run")])
+    assert res.exit_code == 2 and "fedclock[flower]" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_a_failed_flower_run_names_the_server_apps_error(tmp_path: Path) -> None:
+    from fedclock.deploy.local import last_error
+
+    log = tmp_path / "flwr-run.log"
+    log.write_text("INFO: started\nTraceback (most recent call last):\n  File x\n"
+                   "RuntimeError: fewer than 4 SuperNodes connected in 120 s\nExit Code: 201\n")  # fmt: skip
+    assert last_error(log) == "RuntimeError: fewer than 4 SuperNodes connected in 120 s"
+    assert last_error(tmp_path / "missing.log") is None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -132,8 +133,10 @@ def _console(json_mode: bool, quiet: bool) -> Console:
 def _user_errors() -> Iterator[None]:
     try:
         yield
-    except FedclockError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    except FedclockError as exc:  # (escaped: a sentence may hold brackets, fedclock[flower])
+        Console(stderr=True).print(
+            f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+        )
         raise typer.Exit(2) from None
     except OSError as exc:  # an unwritable or full disk, a folder where a file should be, ...
         if exc.filename is None and _stdout_failed(exc):
@@ -148,7 +151,9 @@ def _user_errors() -> Iterator[None]:
             msg += "; the device reported a hardware or network error: check it, then run the "
             msg += "command again (`fedclock run --resume DIR` goes on with a run)"
         msg += "."
-        Console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(
+            f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True
+        )
         raise typer.Exit(2) from None
     except KeyboardInterrupt:  # outside a run's loop (which stops cleanly on its own)
         Console(stderr=True).print("[bold red]error:[/] Interrupted (Ctrl-C).", highlight=False)
@@ -465,7 +470,7 @@ def run(
         typer.echo(json.dumps({**json_safe(result.summary), "run_dir": str(result.run_dir)}))
     if result.error:
         Console(stderr=True).print(
-            f"[bold red]error:[/] {result.error}", highlight=False, soft_wrap=True
+            f"[bold red]error:[/] {escape(result.error)}", highlight=False, soft_wrap=True
         )
         raise typer.Exit(130 if result.summary["status"] == "interrupted" else 3)
 
@@ -557,19 +562,23 @@ def deploy(
             summary, error = result.summary, result.error
         else:
             from fedclock.config import to_yaml
-            from fedclock.deploy.local import run_flower_local
+            from fedclock.deploy.local import last_error, run_flower_local
             from fedclock.metrics.recorder import read_summary
+            from fedclock.outputs import write_atomic
 
             run_dir.mkdir(parents=True, exist_ok=True)
             config_path = run_dir / "deploy-config.yaml"
-            config_path.write_text(to_yaml(cfg))
+            write_atomic(config_path, to_yaml(cfg))
             console.print(f"starting a Flower SuperLink and {local} SuperNodes on 127.0.0.1 …")
             code = run_flower_local(config_path, run_dir, local, slow=slowed, timeout=timeout)
             got = read_summary(run_dir)
             if code != 0 or got is None:
+                logs = run_dir / "flower" / "logs"
+                why = last_error(logs / "flwr-run.log")
                 raise ConfigError(
-                    f"The Flower deployment failed (flwr run exited {code}); its logs are in "
-                    f"{run_dir / 'flower' / 'logs'}."
+                    f"The Flower deployment failed (flwr run exited {code}"
+                    + (f"; the server app said: {why}" if why else "")
+                    + f"); its logs are in {logs}."
                 )
             summary, error = got, None
     console.print(_summary_table(summary, run_dir))
@@ -579,7 +588,9 @@ def deploy(
 
         typer.echo(json.dumps({**json_safe(summary), "run_dir": str(run_dir)}))
     if error:
-        Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(
+            f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True
+        )
         raise typer.Exit(130 if summary["status"] == "interrupted" else 3)
 
 
@@ -914,7 +925,9 @@ def _finish_grid(
 
         typer.echo(json.dumps({"out": str(out_dir), "rows": json_safe(rows)}))
     if error:
-        Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(
+            f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True
+        )
         raise typer.Exit(3)
 
 
@@ -1313,7 +1326,9 @@ def tour(
             console.print(_compare_table(cfg, rows, names, seed_list, out_dir))
             if error:
                 failed = failed or error
-                Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False)
+                Console(stderr=True).print(
+                    f"[bold red]error:[/] {escape(str(error))}", highlight=False
+                )
             found = read_summaries(out_dir, names, seed_list)
             claims = conclusions(step, found, cfg.eval.target_accuracy)
             line = "; ".join(text for text, _ in claims) + "."

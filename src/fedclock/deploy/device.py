@@ -4,11 +4,14 @@ shapes), timed by its own monotonic clock.
 
 Budgets are relative (clocks are not synchronised): a task may carry ``budget_s``, the time
 the server gives it from the message's receipt. With the ``suffix`` cut (SALF) the device
-picks the deepest layer suffix whose work fits the budget at the speed it has measured on
-its earlier tasks (a calibration step before its first), trains that suffix and reports it:
-the gradients of the last layers it could backpropagate in time, as the paper describes. A
-device that runs over its budget still replies; the server's trigger decides (a late reply
-to a closed round is discarded, never used silently).
+picks the deepest layer suffix whose FLOPs fit the budget at the speed it measured on its
+previous task (the server sends that speed back down; on its first task it tries the full
+model), trains that suffix, and stops at the last local-step boundary that still fits (at
+least one step); it reports the suffix and the steps: the gradients of the last layers it
+could backpropagate in time, as the paper describes. A device that runs over its budget
+still replies; the server's trigger decides (a late reply to a closed round is discarded,
+never used silently). A task whose budget ran out while the device was busy with an earlier
+one is not started (:class:`BudgetSpent`).
 
 ``slow``: emulate a device ``slow`` times slower than this machine — after each piece of
 training the device sleeps ``slow − 1`` times as long as it computed (the local

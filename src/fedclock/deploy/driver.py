@@ -129,6 +129,7 @@ class RealTimeDriver(Simulator):
         self._task_count[task.client] += 1
         self._count_base(task.client, task.base.version)
         self.counters.bytes_down += task.cost.bytes_down
+        self.now = max(self.now, self.clock())  # (the server's own work took time too)
         task.t_start = self.now
         task.execute = True  # (a real device always works: whether it is late, time tells)
         self._in_flight[task.task_id] = task

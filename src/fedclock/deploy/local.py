@@ -254,6 +254,20 @@ def run_flower_local(
                 ) from None
 
 
+def last_error(log_file: Path) -> str | None:
+    """The last exception line of a Flower log (e.g. the ServerApp's), if any."""
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        text = line.strip()
+        head = text.split(":", 1)[0]
+        if head.endswith(("Error", "Exception")) and " " not in head:
+            return text[:300]
+    return None
+
+
 def _wait_port(port: int, proc: subprocess.Popen[bytes], log_file: Path) -> None:
     deadline = time.monotonic() + 60.0
     while time.monotonic() < deadline:
