@@ -325,3 +325,20 @@ def test_a_failed_flower_run_names_the_server_apps_error(tmp_path: Path) -> None
                    "RuntimeError: fewer than 4 SuperNodes connected in 120 s\nExit Code: 201\n")  # fmt: skip
     assert last_error(log) == "RuntimeError: fewer than 4 SuperNodes connected in 120 s"
     assert last_error(tmp_path / "missing.log") is None
+
+
+def test_a_barrier_deployment_trains_the_same_models_as_its_simulation(tmp_path: Path) -> None:
+    """The devices train with the simulator's executor on its batch streams: FedAvg's rounds
+    deployed on threads and simulated (serial executor) end each step at the same model."""
+    from fedclock.experiment import run_experiment
+
+    sets = ["strategy.name=fedavg", "budget.aggregations=3", "executor.kind=serial"]
+    cfg = _cfg(*sets)
+    deployed = deploy(cfg, tmp_path / "d", LocalDevices(cfg, slow={1: 3.0}), engine_name="threads")
+    simulated = run_experiment(cfg, run_dir=tmp_path / "s")
+    acc = [[r["test_accuracy"] for r in res.history if r["aggregation"] > 0]
+           for res in (deployed, simulated)]  # fmt: skip
+    loss = [[r["test_loss"] for r in res.history if r["aggregation"] > 0]
+            for res in (deployed, simulated)]  # fmt: skip
+    assert deployed.summary["aggregations"] == 3 and acc[0] and acc[0] == acc[1]
+    assert loss[0] == pytest.approx(loss[1], rel=1e-5)
