@@ -90,3 +90,36 @@ def test_a_local_flower_deployment(
         fast = [r for r in rows if r["client"] != "3" and r["outcome"] == "used"]
         assert fast and all(r["work"] == "full-model" for r in fast)
     assert _flower_processes() == []
+
+
+def test_a_run_submitted_to_a_running_superlink(tmp_path: Path) -> None:
+    """`fedclock deploy --superlink`: a SuperLink and SuperNodes started by hand (as on other
+    hosts, each naming its client), the run submitted to them."""
+    import os
+    import subprocess as sp
+    import sys
+
+    from fedclock.deploy.local import _executable, _free_ports, _processes, _wait_port
+
+    link, *ports = _free_ports(3)
+    env = {**os.environ, "FLWR_HOME": str(tmp_path / "fleet"), "FLWR_DISABLE_UPDATE_CHECK": "1",
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}  # fmt: skip
+    with _processes() as procs:
+        procs.append(sp.Popen([_executable("flower-superlink"), "--insecure", "--host",
+                               "127.0.0.1", "--port", str(link)], env=env, stdout=sp.DEVNULL,
+                              stderr=sp.DEVNULL, start_new_session=True))  # fmt: skip
+        _wait_port(link, procs[0], tmp_path / "none.log")
+        for i, port in enumerate(ports):
+            procs.append(sp.Popen([_executable("flower-supernode"), "--insecure", "--superlink",
+                                   f"127.0.0.1:{link}", "--port", str(port), "--node-config",
+                                   f"partition-id={i}"], env=env, stdout=sp.DEVNULL,
+                                  stderr=sp.DEVNULL, start_new_session=True))  # fmt: skip
+        res = CliRunner().invoke(app, [
+            "deploy", "--superlink", f"127.0.0.1:{link}", "--local", "2", "--timeout", "300",
+            "--set", "budget.virtual_time=20", "--out", str(tmp_path / "run"), "--json", "-q",
+        ])  # fmt: skip
+    assert res.exit_code == 0, res.stderr or res.stdout
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["num_clients"] == 2 and summary["deployment"]["engine"] == "flower"
+    assert summary["aggregations"] >= 1
+    assert _flower_processes() == []

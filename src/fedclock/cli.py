@@ -526,6 +526,22 @@ def deploy(
     timeout: Annotated[
         float, typer.Option("--timeout", help="Give up after this many seconds (flower).")
     ] = 600.0,
+    superlink: Annotated[
+        str | None,
+        typer.Option(
+            "--superlink",
+            help="HOST:PORT of a running Flower SuperLink whose --local N SuperNodes each name "
+            "their client (partition-id): submit the run there instead of starting a local "
+            "fleet (run this on the SuperLink's machine; docs/deploy.md).",
+        ),
+    ] = None,
+    root_certificates: Annotated[
+        Path | None,
+        typer.Option(
+            "--root-certificates",
+            help="With --superlink: the CA certificate of its TLS (without it: --insecure).",
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option("--out", "-o", help="Run directory (default runs/<name>-<strategy>-<time>)."),
@@ -543,6 +559,8 @@ def deploy(
     with _user_errors():
         if engine not in ("flower", "threads"):
             raise ConfigError(f"--engine {engine!r}: choose flower or threads.")
+        if engine == "threads" and (superlink is not None or root_certificates is not None):
+            raise ConfigError("--superlink and --root-certificates go with --engine flower.")
         sets = [*(set_ or []), f"partition.num_clients={local}"]
         cfg = _load(config, preset, sets, data_dir, console=console)
         _fresh_run_dir(out, cfg)
@@ -562,15 +580,24 @@ def deploy(
             summary, error = result.summary, result.error
         else:
             from fedclock.config import to_yaml
-            from fedclock.deploy.local import last_error, run_flower_local
+            from fedclock.deploy.local import last_error, run_flower_local, run_flower_remote
             from fedclock.metrics.recorder import read_summary
             from fedclock.outputs import write_atomic
 
             run_dir.mkdir(parents=True, exist_ok=True)
             config_path = run_dir / "deploy-config.yaml"
             write_atomic(config_path, to_yaml(cfg))
-            console.print(f"starting a Flower SuperLink and {local} SuperNodes on 127.0.0.1 …")
-            code = run_flower_local(config_path, run_dir, local, slow=slowed, timeout=timeout)
+            if superlink is not None:
+                if slowed:
+                    raise ConfigError("--slow emulates slow local devices: not with --superlink.")
+                console.print(f"submitting the run to the Flower SuperLink at {superlink} …")
+                code = run_flower_remote(
+                    config_path, run_dir, local, superlink=superlink,
+                    root_certificates=root_certificates, timeout=timeout,
+                )  # fmt: skip
+            else:
+                console.print(f"starting a Flower SuperLink and {local} SuperNodes on 127.0.0.1 …")
+                code = run_flower_local(config_path, run_dir, local, slow=slowed, timeout=timeout)
             got = read_summary(run_dir)
             if code != 0 or got is None:
                 logs = run_dir / "flower" / "logs"

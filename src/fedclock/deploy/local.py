@@ -199,28 +199,63 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _flower_home(
+    run_dir: Path, address: str, *, root_certificates: Path | None = None
+) -> tuple[Path, Path, dict[str, str]]:
+    """The run's Flower folder (``RUN/flower``: the app, the SuperLink connection, the logs)
+    and the environment its commands run in: (home, app folder, environment)."""
+    home = run_dir.resolve() / "flower"  # (Flower needs an absolute FLWR_HOME)
+    app = home / "app"
+    app.mkdir(parents=True, exist_ok=True)
+    (app / "pyproject.toml").write_text(APP_PYPROJECT)
+    (app / "fedclock_app.py").write_text(APP_MODULE)
+    security = "insecure = true\n"
+    if root_certificates is not None:
+        security = f'root-certificates = "{root_certificates.resolve()}"\n'
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "fedclock"\n\n[superlink.fedclock]\naddress = "{address}"\n'
+        + security
+    )
+    (home / "logs").mkdir(exist_ok=True)
+    # (a local SuperLink and SuperNodes start flwr-serverapp / flwr-clientapp from PATH: this
+    # Python's scripts first, so that they import this fedclock)
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_UPDATE_CHECK": "1", "PATH": path}
+    return home, app, env
+
+
+def _flwr_run(
+    config_path: Path, run_dir: Path, nodes: int, *, app: Path, env: dict[str, str],
+    timeout: float, procs: list[subprocess.Popen[bytes]],
+) -> int:  # fmt: skip
+    """`flwr run` of fedclock's app on the connection ``env`` names; its exit status."""
+    logs = Path(env["FLWR_HOME"]) / "logs"
+    run_config = (
+        f"config='{config_path.resolve()}' out='{run_dir.resolve()}' nodes={nodes} wait={timeout}"
+    )
+    cmd = [_executable("flwr"), "run", str(app), "fedclock", "--run-config", run_config,
+           "--stream"]  # fmt: skip
+    with (logs / "flwr-run.log").open("wb") as out:
+        run = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
+        procs.append(run)
+        try:
+            return run.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise ConfigError(
+                f"The Flower deployment did not finish in {timeout:g} s; its logs are in {logs}."
+            ) from None
+
+
 def run_flower_local(
     config_path: Path, run_dir: Path, nodes: int, *, slow: dict[int, float], timeout: float
 ) -> int:
     """A SuperLink and ``nodes`` SuperNodes on localhost, then `flwr run` of fedclock's app on
     them (the run's config ``config_path``, its folder ``run_dir``); everything is stopped
     at the end. The exit status of `flwr run`."""
-    home = run_dir.resolve() / "flower"  # (Flower needs an absolute FLWR_HOME)
-    app = home / "app"
-    app.mkdir(parents=True, exist_ok=True)
-    (app / "pyproject.toml").write_text(APP_PYPROJECT)
-    (app / "fedclock_app.py").write_text(APP_MODULE)
     link, *node_ports = _free_ports(1 + nodes)
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link}"\n'
-        "insecure = true\n"
-    )
-    # (the SuperLink and SuperNodes start flwr-serverapp / flwr-clientapp from PATH: this
-    # Python's scripts first, so that they import this fedclock)
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_UPDATE_CHECK": "1", "PATH": path}
+    home, app, env = _flower_home(run_dir, f"127.0.0.1:{link}")
     logs = home / "logs"
-    logs.mkdir(exist_ok=True)
 
     def start(cmd: list[str], name: str, procs: list[subprocess.Popen[bytes]]) -> None:
         out = (logs / f"{name}.log").open("wb")
@@ -236,22 +271,22 @@ def run_flower_local(
             start([_executable("flower-supernode"), "--insecure", "--superlink",
                    f"127.0.0.1:{link}", "--host", "127.0.0.1", "--port", str(port),
                    "--node-config", node_config], f"supernode-{i}", procs)  # fmt: skip
-        run_config = (
-            f"config='{config_path.resolve()}' out='{run_dir.resolve()}' nodes={nodes} "
-            f"wait={timeout}"
-        )
-        cmd = [_executable("flwr"), "run", str(app), "local", "--run-config", run_config,
-               "--stream"]  # fmt: skip
-        with (logs / "flwr-run.log").open("wb") as out:
-            run = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
-            procs.append(run)
-            try:
-                return run.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise ConfigError(
-                    f"The Flower deployment did not finish in {timeout:g} s; its logs are in {logs}."
-                ) from None
+        return _flwr_run(config_path, run_dir, nodes, app=app, env=env, timeout=timeout,
+                         procs=procs)  # fmt: skip
+
+
+def run_flower_remote(
+    config_path: Path, run_dir: Path, nodes: int, *, superlink: str,
+    root_certificates: Path | None, timeout: float,
+) -> int:  # fmt: skip
+    """`flwr run` of fedclock's app on a running SuperLink (``superlink``: its address; TLS
+    with ``root_certificates``, else insecure) whose ``nodes`` SuperNodes each name their
+    client (``--node-config partition-id=I``). Run it on the SuperLink's machine: the server
+    app reads ``config_path`` and writes ``run_dir`` there. The exit status of `flwr run`."""
+    _, app, env = _flower_home(run_dir, superlink, root_certificates=root_certificates)
+    with _processes() as procs:
+        return _flwr_run(config_path, run_dir, nodes, app=app, env=env, timeout=timeout,
+                         procs=procs)  # fmt: skip
 
 
 def last_error(log_file: Path) -> str | None:
