@@ -123,3 +123,27 @@ def test_a_run_submitted_to_a_running_superlink(tmp_path: Path) -> None:
     assert summary["num_clients"] == 2 and summary["deployment"]["engine"] == "flower"
     assert summary["aggregations"] >= 1
     assert _flower_processes() == []
+
+
+def test_a_stopped_deployment_leaves_no_process_behind(tmp_path: Path) -> None:
+    """SIGTERM (as Ctrl-C) while the fleet runs: the SuperLink, the SuperNodes and their
+    apps are all stopped before `fedclock deploy` exits."""
+    import signal
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedclock", "deploy", "--local", "2", "--out", str(run), "-q",
+         "--set", "budget.virtual_time=120"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (run / "flower" / "logs" / "flwr-run.log").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.5)
+    time.sleep(5)  # (the run submitted, its apps starting)
+    assert _flower_processes()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert _flower_processes() == []

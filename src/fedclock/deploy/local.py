@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -140,35 +141,52 @@ def _executable(name: str) -> str:
     return found
 
 
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
 def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
     """Processes started in the block are stopped when it ends (each in its own session: its
     children — a SuperNode's ClientApps, the SuperLink's ServerApp — go with it)."""
     procs: list[subprocess.Popen[bytes]] = []
+    # a SIGTERM (or a closed terminal's SIGHUP) ends the block like Ctrl-C does, through
+    # the cleanup below, instead of killing this process and leaving Flower's running
+    saved: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            saved[sig] = signal.signal(sig, _exit_on_signal)
     try:
         yield procs
     finally:
-        # (a SuperNode starts each ClientApp in a session of its own: found by parentage)
-        family = _descendants({p.pid for p in procs})
-        for p in procs:
+        _stop(procs)
+        for sig, handler in saved.items():  # (after the cleanup: a second signal waits)
+            signal.signal(sig, handler)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Stop ``procs`` and every process below them: SIGTERM, then SIGKILL after 10 s."""
+    # (a SuperNode starts each ClientApp in a session of its own: found by parentage)
+    family = _descendants({p.pid for p in procs})
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+    for pid in family:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10.0
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-        for pid in family:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10.0
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        for pid in family:  # gone by now, or killed
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    for pid in family:  # gone by now, or killed
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _descendants(roots: set[int]) -> list[int]:
