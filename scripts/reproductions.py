@@ -1528,6 +1528,124 @@ CIS_100R = register(
     )
 )
 
+# ----------------------------------------------------------------------------- CIS Table 2
+# the highly biased split (3.4 / 19.9 / 76.7 % at leaves / edges / root), 80-15-5, 2 rounds at
+# the paper's local work: Serving and Equal at node collaboration ε = 0 and 0.2, in paper mode
+# (Algorithm 1) and reference mode (the authors' code)
+CIS_T2_MODES = {"paper": "paper mode", "ref": "reference mode"}
+CIS_T2_EPS = ("0", "0.2")
+#: the paper's Table 2 on CIFAR-10 (mean, sd) at ε = 0 and ε = 0.2 (Equal: ε = 0 only)
+CIS_T2_PAPER = {
+    "cis-equal": ((36.5, 4.0), None),
+    "cis-serving": ((41.3, 2.6), (49.2, 2.9)),
+}
+
+
+def cis_t2_collect(root: Path) -> dict[Key, float]:
+    """Per run: the routed CIS accuracy at 80-15-5 and each exit's accuracy."""
+    out: dict[Key, float] = {}
+    for mode in CIS_T2_MODES:
+        for run, seed in seed_dirs(root / f"cis-t2-{mode}", "runs/*/*/seed-*"):
+            summary = json.loads((run / "summary.json").read_text())
+            eps = run.parent.name.removeprefix("strategy.epsilon=")
+            cell = f"{mode}/{run.parent.parent.name}/{eps}"
+            out[(cell, seed, "cis")] = float(summary["cis_accuracy"])
+            for i, e in enumerate(EXITS, 1):
+                out[(cell, seed, f"exit{i}")] = float(summary[e])
+    return out
+
+
+def _cis_t2_seeds(res: Results) -> list[int]:
+    return res.seeds("paper/cis-serving/0") or sorted({s for _, s, _ in res.values})
+
+
+def cis_t2_table(res: Results) -> str:
+    """CIS accuracy (%), mean ± sd with the per-seed values, beside the paper's CIFAR-10."""
+    seeds = _cis_t2_seeds(res)
+    header = ["weighting"] + [f"paper ε = {e} (CIFAR-10)" for e in CIS_T2_EPS]
+    header += [f"{name}, ε = {e}" for name in CIS_T2_MODES.values() for e in CIS_T2_EPS]
+    rows = []
+    for w in ("cis-equal", "cis-serving"):
+        row = [f"{CIS_WEIGHTINGS[w]} (`{w}`)"]
+        row += ["—" if p is None else f"{p[0]:.1f} ± {p[1]:.1f}" for p in CIS_T2_PAPER[w]]
+        for mode in CIS_T2_MODES:
+            for e in CIS_T2_EPS:
+                vals = res.per_seed(f"{mode}/{w}/{e}", "cis", seeds)
+                row.append(f"{mean_sd(vals, digits=1)} ({slash(pct(v, 1) for v in vals)})")
+        rows.append(row)
+    return table_md(header, rows)
+
+
+def cis_t2_exits(res: Results) -> str:
+    """Each exit's accuracy (mean over the seeds) per cell."""
+    seeds = _cis_t2_seeds(res)
+    header = ["weighting"] + [
+        f"exits 1 / 2 / 3, {name}, ε = {e}" for name in CIS_T2_MODES.values() for e in CIS_T2_EPS
+    ]
+    rows = []
+    for w in ("cis-equal", "cis-serving"):
+        row = [CIS_WEIGHTINGS[w]]
+        for mode in CIS_T2_MODES:
+            for e in CIS_T2_EPS:
+                means = [
+                    statistics.mean(res.per_seed(f"{mode}/{w}/{e}", f"exit{i}", seeds))
+                    for i in (1, 2, 3)
+                ]
+                row.append(slash(pct(m, 1) for m in means))
+        rows.append(row)
+    return table_md(header, rows)
+
+
+#: the paper's claims of Table 2: (label, (cell a, cell b), paper's difference a − b)
+CIS_T2_CLAIMS = (
+    ("Serving > Equal at ε = 0", ("cis-serving/0", "cis-equal/0"), 41.3 - 36.5),
+    ("ε = 0.2 lifts Serving", ("cis-serving/0.2", "cis-serving/0"), 49.2 - 41.3),
+)
+
+
+def cis_t2_verdicts(res: Results) -> str:
+    seeds = _cis_t2_seeds(res)
+    header = ["claim", "paper (CIFAR-10)"] + [
+        f"{name}: difference, points" for name in CIS_T2_MODES.values()
+    ]
+    rows = []
+    for label, (a, b), paper in CIS_T2_CLAIMS:
+        row = [label, signed(paper, 1)]
+        for mode in CIS_T2_MODES:
+            d = [
+                100 * (x - y)
+                for x, y in zip(
+                    res.per_seed(f"{mode}/{a}", "cis", seeds),
+                    res.per_seed(f"{mode}/{b}", "cis", seeds),
+                    strict=True,
+                )
+            ]
+            row.append(f"**{sign_verdict(d, 1)}**: {spread(d)}")
+        rows.append(row)
+    return table_md(header, rows)
+
+
+_T2 = "fedclock sweep --preset cis-table2 --data-dir {data} --seeds {seeds} $C"
+CIS_T2 = register(
+    Table(
+        name="cis-t2",
+        page="cis.md",
+        seeds=(9, 42, 67),
+        prelude=(
+            'C="-q --set executor.threads=1 --set budget.aggregations=2 '
+            '--set eval.every_aggregations=1"'
+        ),
+        commands=(
+            _T2 + " --out {root}/cis-t2-paper",
+            _T2 + " --set strategy.mode=reference --out {root}/cis-t2-ref",
+        ),
+        collect=cis_t2_collect,
+        blocks={"table": cis_t2_table, "exits": cis_t2_exits, "verdicts": cis_t2_verdicts},
+        tolerance={"cis": 0.005, "exit": 0.005},
+    )
+)
+
+
 # ----------------------------------------------------------------------------- client drift
 DRIFT_STRATEGIES = ("fedavg", "fedprox", "scaffold", "feddyn")
 DRIFT_TIMES = (50, 100, 200, 400)
