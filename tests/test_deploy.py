@@ -342,3 +342,12 @@ def test_a_barrier_deployment_trains_the_same_models_as_its_simulation(tmp_path:
             for res in (deployed, simulated)]  # fmt: skip
     assert deployed.summary["aggregations"] == 3 and acc[0] and acc[0] == acc[1]
     assert loss[0] == pytest.approx(loss[1], rel=1e-5)
+
+
+def test_a_strategy_whose_work_cannot_travel_is_refused_in_one_sentence(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, [
+        "deploy", "--engine", "threads", "--local", "3", "--set", "strategy.name=splitfed",
+        "--out", str(tmp_path),
+    ])  # fmt: skip
+    assert res.exit_code == 2 and "cannot be deployed yet" in res.stderr
+    assert "Split" in res.stderr and "Traceback" not in res.stderr

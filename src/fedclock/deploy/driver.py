@@ -31,7 +31,7 @@ import time
 from dataclasses import replace
 from typing import Any, Protocol
 
-from fedclock.deploy.wire import Payload, RejectedReply, check_reply, encode_task
+from fedclock.deploy.wire import SHAPES, Payload, RejectedReply, check_reply, encode_task
 from fedclock.devices.cost import TaskTiming
 from fedclock.errors import ConfigError
 from fedclock.models.shapes import FULL
@@ -99,6 +99,13 @@ class RealTimeDriver(Simulator):
             raise ConfigError(
                 "A deployment's devices come and go by themselves: run it on a population "
                 "without a trace's availability.csv."
+            )
+        shapes: frozenset[type] = getattr(getattr(strategy, "needs", None), "shapes", frozenset())
+        unsent = sorted(t.__name__ for t in shapes if SHAPES.get(t.__name__) is not t)
+        if unsent:
+            raise ConfigError(
+                f"Strategy '{strategy.name}' cannot be deployed yet: its {', '.join(unsent)} "
+                f"work cannot be sent to a device (deployable: {', '.join(SHAPES)})."
             )
         self.transport = transport
         self.budget_s = budget_s
