@@ -351,3 +351,16 @@ def test_a_strategy_whose_work_cannot_travel_is_refused_in_one_sentence(tmp_path
     ])  # fmt: skip
     assert res.exit_code == 2 and "cannot be deployed yet" in res.stderr
     assert "Split" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [["strategy.name=scaffold", "strategy.client_fraction=0.5"],  # Task.down travels
+     ["strategy.name=fedavg", "strategy.client_fraction=0.5", "selection.name=oort"],  # up
+     ["strategy.name=fed-raa"]],  # fragments
+)  # fmt: skip
+def test_what_a_method_sends_down_and_up_travels(tmp_path: Path, sets: list[str]) -> None:
+    cfg = _cfg(*sets, "budget.aggregations=4")
+    res = deploy(cfg, tmp_path, LocalDevices(cfg), engine_name="threads")
+    assert res.error is None and res.summary["aggregations"] == 4
+    assert res.summary["updates_rejected"] == 0, res.summary["deployment"]["rejected"][:1]

@@ -140,11 +140,11 @@ class RealTimeDriver(Simulator):
         task.t_start = self.now
         task.execute = True  # (a real device always works: whether it is late, time tells)
         self._in_flight[task.task_id] = task
+        if self._on_dispatch is not None:  # (first: a client rule attaches Task.down here)
+            self._on_dispatch(task)
         payload = encode_task(task, budget_s=self.budget_s, cut=self.cut, seed=self.seed,
                               speed=self.speeds.get(task.client))  # fmt: skip
         self.transport.send(task.task_id, task.client, payload)
-        if self._on_dispatch is not None:
-            self._on_dispatch(task)
         for f in self._hooks["on_dispatch"]:
             f(self, task)
         return task
