@@ -200,17 +200,30 @@ def test_fedbuff_records_the_slow_devices_staleness(tmp_path: Path) -> None:
     assert stale and max(stale) > 0
 
 
+def _full_task_flops(cfg: Any, client: int) -> float:
+    """The FLOPs of ``client``'s full task under ``cfg`` (what its device's speed divides)."""
+    from fedclock.experiment import _build
+
+    w = DeviceWorker(cfg, client)
+    plan = _build(cfg, None).strategy.planner.full_plans[client]
+    return w.flops(FULL, plan.samples)
+
+
 def test_salf_devices_cut_their_work_to_a_layer_suffix(tmp_path: Path) -> None:
-    """The slowed device cannot train the full model within t_max at its measured speed: it
-    trains a layer suffix (its own clock decides), which the server aggregates layer-wise;
-    the others train in full."""
-    cfg = _cfg("strategy.name=salf", "salf.scenario=deadline", "strategy.t_max=0.15",
-               "model.hidden=[64,64]", "budget.virtual_time=3")  # fmt: skip
-    res = deploy(cfg, tmp_path, LocalDevices(cfg, slow={3: 60.0}), engine_name="threads")
+    """A device emulating a speed at which its full task takes 1 s, under a 0.6 s deadline:
+    on its first task (its speed unknown) it stops at the step boundary the budget allows;
+    then it picks the layer suffix that fits at the speed it measured — partial, layer-wise
+    updates used inside the deadline; the others train in full."""
+    cfg = _cfg("strategy.name=salf", "salf.scenario=deadline", "strategy.t_max=0.6",
+               "model.hidden=[64,64]", "budget.aggregations=5")  # fmt: skip
+    speed = _full_task_flops(cfg, 3) / 1.0
+    res = deploy(cfg, tmp_path, LocalDevices(cfg, speed={3: speed}), engine_name="threads")
     assert res.error is None and res.summary["status"] == "completed"
     rows = _timeline(tmp_path)
-    slow = {r["work"] for r in rows if r["client"] == "3"}
-    assert any(w.startswith("layer-suffix") for w in slow)
+    slow = [r for r in rows if r["client"] == "3" and r["outcome"] == "used"]
+    assert slow and all(float(r["t_end"]) - float(r["t_start"]) <= 0.6 + 1e-6 for r in slow)
+    assert int(slow[0]["local_steps"]) < 12 and slow[0]["work"] == "full-model"
+    assert any(r["work"].startswith("layer-suffix") for r in slow[1:])
     fast = [r for r in rows if r["client"] != "3" and r["outcome"] == "used"]
     assert fast and all(r["work"] == "full-model" for r in fast)
 

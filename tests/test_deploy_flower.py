@@ -40,35 +40,35 @@ def _flower_processes() -> list[str]:
             if ("flower-super" in x or "flwr-" in x) and "<defunct>" not in x]  # fmt: skip
 
 
+def _salf_speed() -> str:
+    """Device 3's emulated speed for the SALF case: its full task takes 30 s (a 25-s deadline:
+    it cannot train in full, a layer suffix fits)."""
+    from fedclock.config import load_config
+    from tests.test_deploy import _full_task_flops
+
+    cfg = load_config(None, ["partition.num_clients=4", *SALF])
+    return f"3={_full_task_flops(cfg, 3) / 30.0}"
+
+
+SALF = ["strategy.name=salf", "salf.scenario=deadline", "strategy.t_max=25",
+        "model.hidden=[64,64]"]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("strategy", "sets", "slow"),
     [
-        ("fedavg", [], "3=4"),
-        ("fedbuff", ["strategy.buffer_size=2"], "3=30"),
-        ("salf", ["salf.scenario=deadline", "strategy.t_max=25", "model.hidden=[64,64]",
-                  "budget.virtual_time=80"], "3=400"),
+        ("fedavg", [], ["--slow", "3=4"]),
+        ("fedbuff", ["strategy.buffer_size=2"], ["--slow", "3=30"]),
+        ("salf", [*SALF[1:], "budget.virtual_time=105"], ["--device-speed", "salf"]),
     ],
 )  # fmt: skip
 def test_a_local_flower_deployment(
-    tmp_path: Path, strategy: str, sets: list[str], slow: str
+    tmp_path: Path, strategy: str, sets: list[str], slow: list[str]
 ) -> None:
-    args = [
-        "deploy",
-        "--local",
-        "4",
-        "--slow",
-        slow,
-        "--timeout",
-        "300",
-        "--out",
-        str(tmp_path),
-        "--json",
-        "-q",
-        "--set",
-        f"strategy.name={strategy}",
-        "--set",
-        "budget.virtual_time=40",
-    ]
+    if slow[1] == "salf":
+        slow = [slow[0], _salf_speed()]
+    args = ["deploy", "--local", "4", *slow, "--timeout", "300", "--out", str(tmp_path),
+            "--json", "-q", "--set", f"strategy.name={strategy}", "--set", "budget.virtual_time=40"]  # fmt: skip
     for s in sets:
         args += ["--set", s]
     res = CliRunner().invoke(app, args)
@@ -86,7 +86,7 @@ def test_a_local_flower_deployment(
             r["outcome"] == "used"
             and (r["work"].startswith("layer-suffix") or int(r["local_steps"]) < 12)
             for r in slow_rows
-        )
+        ), slow_rows
         fast = [r for r in rows if r["client"] != "3" and r["outcome"] == "used"]
         assert fast and all(r["work"] == "full-model" for r in fast)
     assert _flower_processes() == []

@@ -475,23 +475,27 @@ def run(
         raise typer.Exit(130 if result.summary["status"] == "interrupted" else 3)
 
 
-def _slow_nodes(items: list[str] | None, nodes: int) -> dict[int, float]:
-    """``--slow CLIENT=FACTOR`` as {client: factor} (each a device of the local fleet)."""
+def _slow_nodes(
+    items: list[str] | None, nodes: int, *, what: str = "--slow",
+    unit: str = "FACTOR ≥ 1 (how many times slower that device runs)", low: float = 1.0,
+) -> dict[int, float]:  # fmt: skip
+    """``--slow CLIENT=FACTOR`` (or ``--device-speed CLIENT=FLOPS``) as {client: value}
+    (each a device of the local fleet)."""
     from fedclock.errors import ConfigError
 
     out: dict[int, float] = {}
     for item in items or []:
         left, sep, right = item.partition("=")
         try:
-            client, factor = int(left), float(right)
+            client, value = int(left), float(right)
         except ValueError:
-            client, factor = -1, 0.0
-        if not sep or not 0 <= client < nodes or not factor >= 1.0:
+            client, value = -1, 0.0
+        if not sep or not 0 <= client < nodes or not low <= value < math.inf:
+            name = unit.split(" ", 1)[0]
             raise ConfigError(
-                f"--slow {item!r}: give CLIENT=FACTOR with CLIENT in 0..{nodes - 1} and "
-                "FACTOR ≥ 1 (how many times slower that device runs)."
+                f"{what} {item!r}: give CLIENT={name} with CLIENT in 0..{nodes - 1} and {unit}."
             )
-        out[client] = factor
+        out[client] = value
     return out
 
 
@@ -513,6 +517,14 @@ def deploy(
         typer.Option(
             "--slow",
             help="CLIENT=FACTOR: that device runs FACTOR times slower (repeatable).",
+        ),
+    ] = None,
+    device_speed: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--device-speed",
+            help="CLIENT=FLOPS: that device computes at FLOPS FLOP/s (each local step takes "
+            "its FLOPs' time; repeatable).",
         ),
     ] = None,
     engine: Annotated[
@@ -565,6 +577,8 @@ def deploy(
         cfg = _load(config, preset, sets, data_dir, console=console)
         _fresh_run_dir(out, cfg)
         slowed = _slow_nodes(slow, local)
+        speeds = _slow_nodes(device_speed, local, what="--device-speed", unit="FLOPS > 0",
+                             low=1e-300)  # fmt: skip
         from fedclock.experiment import default_run_dir
 
         run_dir = out or default_run_dir(cfg)
@@ -574,7 +588,8 @@ def deploy(
 
             with _progress(console, quiet) as progress:
                 result = deploy_run(
-                    cfg, run_dir, LocalDevices(cfg, slow=slowed), engine_name="threads",
+                    cfg, run_dir, LocalDevices(cfg, slow=slowed, speed=speeds),
+                    engine_name="threads",
                     argv=sys.argv, progress=_Bar(progress, cfg, cfg.strategy.name),
                 )  # fmt: skip
             summary, error = result.summary, result.error
@@ -588,8 +603,10 @@ def deploy(
             config_path = run_dir / "deploy-config.yaml"
             write_atomic(config_path, to_yaml(cfg))
             if superlink is not None:
-                if slowed:
-                    raise ConfigError("--slow emulates slow local devices: not with --superlink.")
+                if slowed or speeds:
+                    raise ConfigError(
+                        "--slow and --device-speed emulate local devices: not with --superlink."
+                    )
                 console.print(f"submitting the run to the Flower SuperLink at {superlink} …")
                 code = run_flower_remote(
                     config_path, run_dir, local, superlink=superlink,
@@ -597,7 +614,8 @@ def deploy(
                 )  # fmt: skip
             else:
                 console.print(f"starting a Flower SuperLink and {local} SuperNodes on 127.0.0.1 …")
-                code = run_flower_local(config_path, run_dir, local, slow=slowed, timeout=timeout)
+                code = run_flower_local(config_path, run_dir, local, slow=slowed,
+                                        speed=speeds, timeout=timeout)  # fmt: skip
             got = read_summary(run_dir)
             if code != 0 or got is None:
                 logs = run_dir / "flower" / "logs"

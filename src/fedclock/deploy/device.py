@@ -13,9 +13,12 @@ still replies; the server's trigger decides (a late reply to a closed round is d
 never used silently). A task whose budget ran out while the device was busy with an earlier
 one is not started (:class:`BudgetSpent`).
 
-``slow``: emulate a device ``slow`` times slower than this machine — after each piece of
-training the device sleeps ``slow − 1`` times as long as it computed (the local
-deployment's way to make a straggler; its measured speed includes it).
+Two ways to emulate a slower device on a fast machine (a local deployment's stragglers;
+the measured speed includes them): ``slow``, ``slow`` times slower than this machine (after a
+task the device sleeps ``slow − 1`` times as long as it computed: simple, but it scales this
+machine's noise too), and ``flops_per_s``, a device of that speed (after each local step it
+sleeps until the task's FLOPs so far, at that speed, have taken their time: deterministic,
+and a layer suffix costs what its FLOPs say).
 """
 
 from __future__ import annotations
@@ -41,13 +44,18 @@ class DeviceWorker:
     """One device: client ``client`` of the run ``cfg`` (an ExperimentConfig), its data, a
     serial executor of its own."""
 
-    def __init__(self, cfg: Any, client: int, *, slow: float = 1.0) -> None:
+    def __init__(
+        self, cfg: Any, client: int, *, slow: float = 1.0, flops_per_s: float | None = None
+    ) -> None:
         from fedclock.experiment import device_parts
 
         if slow < 1.0:
             raise ValueError(f"a device's slowdown is at least 1, got {slow}")
+        if flops_per_s is not None and not flops_per_s > 0:
+            raise ValueError(f"a device's speed is positive, got {flops_per_s}")
         self.client = client
         self.slow = slow
+        self.flops_per_s = flops_per_s
         self.executor, self.layout, self.flops = device_parts(cfg)
         self.speed: float | None = None  # FLOP/s this device measured (slowdown included)
         self._lock = threading.Lock()
@@ -98,14 +106,19 @@ class DeviceWorker:
                         task.plan = replace(task.plan, shape=shape)
             serial = getattr(self.executor, "inner", self.executor)
             sent_steps = task.plan.local_steps
+            start = time.monotonic()
             if cut == "suffix" and budget is not None:  # stop at a step boundary in time
-                start = time.monotonic()
                 left = received + budget * (1.0 - UPLOAD_SHARE) - start
                 serial.stop_at = start + left / self.slow  # (the emulated slowdown comes after)
+            if self.flops_per_s is not None:  # each step takes its FLOPs' time at that speed
+                per_step = self.flops(shape, task.plan.samples) / sent_steps / self.flops_per_s
+                serial.after_step = lambda done: time.sleep(
+                    max(0.0, start + done * per_step - time.monotonic())
+                )
             try:
                 [contribution], compute_s = self._timed(lambda: self.executor.run([task]))
             finally:
-                serial.stop_at = None
+                serial.stop_at = serial.after_step = None
             done = task.plan.local_steps / sent_steps  # (the share of the steps it took)
             self.speed = self.flops(shape, task.plan.samples) * done / max(compute_s, 1e-9)
         return encode_reply(

@@ -120,6 +120,10 @@ class RealTimeDriver(Simulator):
         self.on_finish: Any = None  # called with the driver when the run ends
         self.speeds: dict[int, float] = {}  # client → the FLOP/s its device measured last
         self.links: dict[int, float] = {}  # client → bytes/s of its last task's transfers
+        # client → its last task's time between dispatch and reply that the device was not
+        # busy (messaging, a process start): taken off the budget its next task carries
+        self.latency: dict[int, float] = {}
+        self._closed: dict[int, Task] = {}  # cut tasks, by id, until their late reply
         self.rejections: list[tuple[int, int, str]] = []  # (task id, client, why)
 
     def clock(self) -> float:
@@ -142,7 +146,10 @@ class RealTimeDriver(Simulator):
         self._in_flight[task.task_id] = task
         if self._on_dispatch is not None:  # (first: a client rule attaches Task.down here)
             self._on_dispatch(task)
-        payload = encode_task(task, budget_s=self.budget_s, cut=self.cut, seed=self.seed,
+        budget = self.budget_s
+        if budget is not None:  # the device's own time: the deadline less its latency
+            budget = max(budget - self.latency.get(task.client, 0.0), 0.0)
+        payload = encode_task(task, budget_s=budget, cut=self.cut, seed=self.seed,
                               speed=self.speeds.get(task.client))  # fmt: skip
         self.transport.send(task.task_id, task.client, payload)
         for f in self._hooks["on_dispatch"]:
@@ -155,6 +162,7 @@ class RealTimeDriver(Simulator):
             return
         task.cancelled = True
         del self._in_flight[task.task_id]
+        self._closed[task.task_id] = task  # (its late reply still tells the device's pace)
         spent = self.now - task.t_start
         task.timing = TaskTiming(0.0, spent, 0.0)
         self.counters.compute_s_spent += spent
@@ -179,6 +187,23 @@ class RealTimeDriver(Simulator):
             self.links[task.client] = (b_down + b_up) / transfer
         return TaskTiming(transfer * share + idle, compute, transfer * (1.0 - share))
 
+    def _learn(self, task: Task, config: dict[str, Any]) -> None:
+        """The device's pace from a reply (even one too late to use): its speed and its
+        latency (dispatch to reply, less the time it was busy). Numbers that are not finite
+        and positive are ignored."""
+
+        def number(key: str) -> float | None:
+            v = config.get(key)
+            if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf:
+                return float(v)
+            return None
+
+        speed, busy = number("speed"), number("busy_s")
+        if speed:
+            self.speeds[task.client] = speed
+        if busy is not None:
+            self.latency[task.client] = max(self.now - task.t_start - busy, 0.0)
+
     def _reject(self, task: Task, reason: str) -> None:
         log.warning("task %d (client %d): reply rejected: %s", task.task_id, task.client, reason)
         del self._in_flight[task.task_id]
@@ -202,6 +227,9 @@ class RealTimeDriver(Simulator):
         if task is None:  # cut at a deadline, or not ours: never used
             self._late += 1
             log.info("task %d: a reply after its task was closed, discarded", task_id)
+            closed = self._closed.pop(task_id, None)
+            if closed is not None and not isinstance(reply, str):
+                self._learn(closed, reply.config)  # (its numbers only, checked)
             return
         if isinstance(reply, str):
             self._reject(task, f"the device failed: {reply}")
@@ -220,8 +248,7 @@ class RealTimeDriver(Simulator):
         if r.shape is not FULL and self.layout is not None:
             coverage = r.shape.program(self.layout, trains_fully=self.trains_fully).coverage
         task.timing = self._measured(task, r.busy_s, r.compute_s)
-        if r.speed is not None:
-            self.speeds[task.client] = r.speed
+        self._learn(task, {"busy_s": r.busy_s, "speed": r.speed})
         contribution = Contribution(
             task=task, delta=r.delta, buffers=r.buffers, num_samples=r.num_samples,
             train_loss=r.train_loss, coverage=coverage, up=r.up,

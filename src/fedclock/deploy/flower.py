@@ -3,8 +3,8 @@ the strategy with :class:`~fedclock.deploy.driver.RealTimeDriver` over a
 :class:`FlowerTransport`, and a ClientApp that is a
 :class:`~fedclock.deploy.device.DeviceWorker`. Only this module imports flwr.
 
-Each SuperNode is one client: its node config names it (``partition-id``; ``slow``: the
-local deployment's emulated slowdown). The server learns which node holds which client with
+Each SuperNode is one client: its node config names it (``partition-id``; ``slow`` and
+``flops-per-s``: the local deployment's emulated slowdown or speed). The server learns which node holds which client with
 a first ``query`` message to every node, then keeps tasks in flight by push/pull: it pushes a
 task's message when the trigger dispatches it and pulls replies as they come, so
 asynchronous and buffered strategies keep C messages in flight and synchronous ones close a
@@ -144,8 +144,10 @@ def _train(msg: Message, context: Context) -> Message:
     worker = _WORKERS.get((text, client))
     if worker is None:
         slow = float(context.node_config.get("slow", 1.0))
+        speed = context.node_config.get("flops-per-s")
         worker = _WORKERS[(text, client)] = DeviceWorker(
-            load_config(raw=yaml.safe_load(text)), client, slow=slow
-        )
+            load_config(raw=yaml.safe_load(text)), client, slow=slow,
+            flops_per_s=None if speed is None else float(speed),
+        )  # fmt: skip
     reply = worker.handle(payload, setup_s=time.monotonic() - t0)
     return Message(to_record(reply), reply_to=msg)

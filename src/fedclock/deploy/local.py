@@ -32,23 +32,29 @@ from fedclock.errors import ConfigError
 class LocalDevices:
     """One device per client, each a thread of this process with its own executor.
 
-    ``slow``: client → slowdown factor; ``tamper``: a test's hook that alters a reply
-    before it is sent (a device the server must not trust)."""
+    ``slow``: client → slowdown factor; ``speed``: client → the FLOP/s it emulates;
+    ``tamper``: a test's hook that alters a reply before it is sent (a device the server
+    must not trust)."""
 
     def __init__(
         self,
         cfg: Any,
         *,
         slow: dict[int, float] | None = None,
+        speed: dict[int, float] | None = None,
         tamper: Callable[[int, Payload], Payload] | None = None,
     ) -> None:
         self.cfg = cfg
         self.slow = dict(slow or {})
+        self.speed = dict(speed or {})
         self.tamper = tamper
         n = cfg.partition.num_clients
         self._pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="device")
         # each device holds its data before the run starts (as a real one would)
-        self._workers = {c: DeviceWorker(cfg, c, slow=self.slow.get(c, 1.0)) for c in range(n)}
+        self._workers = {
+            c: DeviceWorker(cfg, c, slow=self.slow.get(c, 1.0), flops_per_s=self.speed.get(c))
+            for c in range(n)
+        }
         self._replies: queue.Queue[tuple[int, Payload | str]] = queue.Queue()
 
     def _worker(self, client: int) -> DeviceWorker:
@@ -266,8 +272,9 @@ def _flwr_run(
 
 
 def run_flower_local(
-    config_path: Path, run_dir: Path, nodes: int, *, slow: dict[int, float], timeout: float
-) -> int:
+    config_path: Path, run_dir: Path, nodes: int, *, slow: dict[int, float], timeout: float,
+    speed: dict[int, float] | None = None,
+) -> int:  # fmt: skip
     """A SuperLink and ``nodes`` SuperNodes on localhost, then `flwr run` of fedclock's app on
     them (the run's config ``config_path``, its folder ``run_dir``); everything is stopped
     at the end. The exit status of `flwr run`."""
@@ -286,6 +293,8 @@ def run_flower_local(
         _wait_port(link, procs[0], logs / "superlink.log")
         for i, port in enumerate(node_ports):
             node_config = f"partition-id={i} slow={slow.get(i, 1.0)}"
+            if speed and i in speed:
+                node_config += f" flops-per-s={speed[i]}"
             start([_executable("flower-supernode"), "--insecure", "--superlink",
                    f"127.0.0.1:{link}", "--host", "127.0.0.1", "--port", str(port),
                    "--node-config", node_config], f"supernode-{i}", procs)  # fmt: skip

@@ -96,7 +96,8 @@ class TimelineRecorder:
             row = self.rows[task.task_id]
             row[_DOWN], row[_COMPUTE], row[_UP] = task.timing
             row[_END] = task.t_start + task.timing.duration
-            row[_WORK] = self._work(task.plan.shape)
+            row[_WORK] = self._work(task.plan.shape)  # (what the device did: it may cut)
+            row[_STEPS] = task.plan.local_steps
 
     def on_arrival(self, sim: Any, contribution: Contribution) -> None:
         tid = contribution.task.task_id

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -245,6 +245,9 @@ class SerialExecutor:
     # a real device's budget (fedclock.deploy.device): full and layer-suffix tasks stop at
     # the first step boundary past this time.monotonic() (never set in simulation)
     stop_at: float | None = None
+    # a device emulating a slower one (fedclock.deploy.device): called after each step with
+    # the steps done so far (never set in simulation)
+    after_step: Callable[[int], None] | None = None
 
     def __init__(
         self,
@@ -312,7 +315,7 @@ class SerialExecutor:
         idx = self.data.indices[task.client]
         total = 0.0
         steps = batch_schedule(self.seed, task, len(idx))
-        stop_at = self.stop_at
+        stop_at, after_step = self.stop_at, self.after_step
         started = time.monotonic()
         for done, local in enumerate(steps, 1):
             rows = idx[local].to(self.device)
@@ -332,6 +335,8 @@ class SerialExecutor:
             with torch.no_grad():
                 torch._foreach_add_([params[i] for i in used], d, alpha=-lr)
             total += float(loss.detach())
+            if after_step is not None:
+                after_step(done)
             if stop_at is not None and _no_time_for_another(stop_at, started, done):
                 steps = steps[:done]
                 task.plan = replace(task.plan, local_steps=done)
@@ -410,7 +415,7 @@ class SerialExecutor:
         total = 0.0
         # Σ_k g_k² of every element (PruneFL's importance; pruned elements included)
         sq = {n: torch.zeros_like(params[n]) for n in trains} if prog.sq_grads else None
-        stop_at = self.stop_at
+        stop_at, after_step = self.stop_at, self.after_step
         started = time.monotonic()
         for done, local in enumerate(steps, 1):
             rows = idx[local].to(self.device)
@@ -434,6 +439,8 @@ class SerialExecutor:
                     else:
                         params[n].mul_(m)
             total += float(loss)
+            if after_step is not None:
+                after_step(done)
             if stop_at is not None and _no_time_for_another(stop_at, started, done):
                 steps = steps[:done]
                 task.plan = replace(task.plan, local_steps=done)
