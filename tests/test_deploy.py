@@ -205,7 +205,7 @@ def _full_task_flops(cfg: Any, client: int) -> float:
     from fedclock.experiment import _build
 
     w = DeviceWorker(cfg, client)
-    plan = _build(cfg, None).strategy.planner.full_plans[client]
+    plan = _build(cfg, None).strategy.planner.nominal(client)[0]  # (its full task)
     return w.flops(FULL, plan.samples)
 
 

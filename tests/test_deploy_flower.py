@@ -40,14 +40,15 @@ def _flower_processes() -> list[str]:
             if ("flower-super" in x or "flwr-" in x) and "<defunct>" not in x]  # fmt: skip
 
 
-def _salf_speed() -> str:
-    """Device 3's emulated speed for the SALF case: its full task takes 30 s (a 25-s deadline:
-    it cannot train in full, a layer suffix fits)."""
+def _speed(sets: list[str], seconds: float) -> str:
+    """``--device-speed`` for device 3 at which its full task under ``sets`` takes
+    ``seconds`` (SALF: 30 s against a 25-s deadline, so it cannot train in full but a layer
+    suffix fits; FedBuff: 15 s, slower than the others' whole round trips)."""
     from fedclock.config import load_config
     from tests.test_deploy import _full_task_flops
 
-    cfg = load_config(None, ["partition.num_clients=4", *SALF])
-    return f"3={_full_task_flops(cfg, 3) / 30.0}"
+    cfg = load_config(None, ["partition.num_clients=4", *sets])
+    return f"3={_full_task_flops(cfg, 3) / seconds}"
 
 
 SALF = ["strategy.name=salf", "salf.scenario=deadline", "strategy.t_max=25",
@@ -58,15 +59,15 @@ SALF = ["strategy.name=salf", "salf.scenario=deadline", "strategy.t_max=25",
     ("strategy", "sets", "slow"),
     [
         ("fedavg", [], ["--slow", "3=4"]),
-        ("fedbuff", ["strategy.buffer_size=2"], ["--slow", "3=30"]),
-        ("salf", [*SALF[1:], "budget.virtual_time=105"], ["--device-speed", "salf"]),
+        ("fedbuff", ["strategy.buffer_size=2"], ["--device-speed", "15"]),
+        ("salf", [*SALF[1:], "budget.virtual_time=105"], ["--device-speed", "30"]),
     ],
 )  # fmt: skip
 def test_a_local_flower_deployment(
     tmp_path: Path, strategy: str, sets: list[str], slow: list[str]
 ) -> None:
-    if slow[1] == "salf":
-        slow = [slow[0], _salf_speed()]
+    if slow[0] == "--device-speed":
+        slow = [slow[0], _speed([f"strategy.name={strategy}", *sets], float(slow[1]))]
     args = ["deploy", "--local", "4", *slow, "--timeout", "300", "--out", str(tmp_path),
             "--json", "-q", "--set", f"strategy.name={strategy}", "--set", "budget.virtual_time=40"]  # fmt: skip
     for s in sets:
