@@ -198,6 +198,14 @@ def sign_verdict(diffs: list[float], expected_sign: int) -> str:
     return "mixed"
 
 
+def paired_points(res: Results, a: str, b: str, metric: str, seeds: list[int]) -> list[float]:
+    """Cell ``a`` − cell ``b`` of ``metric``, seed by seed, in points (×100)."""
+    return [
+        100 * (x - y)
+        for x, y in zip(res.per_seed(a, metric, seeds), res.per_seed(b, metric, seeds), strict=True)
+    ]
+
+
 def spread(diffs: list[float]) -> str:
     """mean ± sample sd of paired differences (points), with the per-seed values."""
     d = [x for x in diffs if not math.isnan(x)]
@@ -1303,14 +1311,7 @@ def cis_verdicts(res: Results) -> str:
                 signed(paper, 1),
             ]
             for k in CIS_SETTINGS:
-                d = [
-                    100 * (x - y)
-                    for x, y in zip(
-                        res.per_seed(f"{k}/{a}/{rate}", metric, seeds),
-                        res.per_seed(f"{k}/{b}/{rate}", metric, seeds),
-                        strict=True,
-                    )
-                ]
+                d = paired_points(res, f"{k}/{a}/{rate}", f"{k}/{b}/{rate}", metric, seeds)
                 row.append(f"**{sign_verdict(d, 1)}**: {spread(d)}")
             rows.append(row)
     return table_md(header, rows)
@@ -1322,14 +1323,7 @@ def cis_summary(res: Results) -> str:
     for k, name in CIS_SETTINGS.items():
         parts, chain = [], []
         for a, b in (("cis-serving", "cis-equal"), ("cis-equal", "cis-flops")):
-            d = [
-                100 * (x - y)
-                for x, y in zip(
-                    res.per_seed(f"{k}/{a}/80-15-5", "cis", seeds),
-                    res.per_seed(f"{k}/{b}/80-15-5", "cis", seeds),
-                    strict=True,
-                )
-            ]
+            d = paired_points(res, f"{k}/{a}/80-15-5", f"{k}/{b}/80-15-5", "cis", seeds)
             v = sign_verdict(d, 1)
             chain.append(v)
             parts.append(f"{CIS_WEIGHTINGS[a]} − {CIS_WEIGHTINGS[b]} {spread(d)} ({v})")
@@ -1612,14 +1606,7 @@ def cis_t2_verdicts(res: Results) -> str:
     for label, (a, b), paper in CIS_T2_CLAIMS:
         row = [label, signed(paper, 1)]
         for mode in CIS_T2_MODES:
-            d = [
-                100 * (x - y)
-                for x, y in zip(
-                    res.per_seed(f"{mode}/{a}", "cis", seeds),
-                    res.per_seed(f"{mode}/{b}", "cis", seeds),
-                    strict=True,
-                )
-            ]
+            d = paired_points(res, f"{mode}/{a}", f"{mode}/{b}", "cis", seeds)
             row.append(f"**{sign_verdict(d, 1)}**: {spread(d)}")
         rows.append(row)
     return table_md(header, rows)

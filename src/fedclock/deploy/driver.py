@@ -134,16 +134,10 @@ class RealTimeDriver(Simulator):
         return self.dispatch(self.prepare(client, self.model), execute=True)
 
     def dispatch(self, task: Task, *, execute: bool) -> Task:
-        if task.task_id != self._next_task_id:
-            raise RuntimeError("dispatch() takes the task returned by the latest prepare()")
-        self._next_task_id += 1
-        self._task_count[task.client] += 1
-        self._count_base(task.client, task.base.version)
-        self.counters.bytes_down += task.cost.bytes_down
         self.now = max(self.now, self.clock())  # (the server's own work took time too)
         task.t_start = self.now
         task.execute = True  # (a real device always works: whether it is late, time tells)
-        self._in_flight[task.task_id] = task
+        self._register(task)
         if self._on_dispatch is not None:  # (first: a client rule attaches Task.down here)
             self._on_dispatch(task)
         budget = self.budget_s

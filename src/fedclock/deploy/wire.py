@@ -107,6 +107,23 @@ def decode_shape(text: str) -> WorkShape:
         raise RejectedReply(f"the work shape {text[:80]!r} cannot be read ({exc})") from None
 
 
+def _group(p: Payload, prefix: str) -> Params:
+    """The arrays named ``PREFIXname``, as tensors by name."""
+    n = len(prefix)
+    return {
+        k[n:]: torch.from_numpy(np.array(a)) for k, a in p.arrays.items() if k.startswith(prefix)
+    }
+
+
+def _nested(p: Payload, prefix: str) -> dict[str, Params]:
+    """The arrays named ``PREFIXkind/name``, as tensors by kind, then name."""
+    out: dict[str, Params] = {}
+    for key, t in _group(p, prefix).items():
+        kind, _, name = key.partition("/")
+        out.setdefault(kind, {})[name] = t
+    return out
+
+
 def encode_task(
     task: Task, *, budget_s: float | None, cut: str, seed: int, speed: float | None = None
 ) -> Payload:
@@ -141,22 +158,13 @@ def decode_task(p: Payload) -> tuple[Task, float | None, str, float | None]:
     from fedclock.devices.cost import TaskCost, TaskTiming
 
     c = p.config
-
-    def group(prefix: str) -> Params:
-        return {k[len(prefix) :]: torch.from_numpy(np.array(a)) for k, a in p.arrays.items()
-                if k.startswith(prefix)}  # fmt: skip
-
-    down: dict[str, Params] = {}
-    for key, a in p.arrays.items():
-        if key.startswith("down/"):
-            _, kind, name = key.split("/", 2)
-            down.setdefault(kind, {})[name] = torch.from_numpy(np.array(a))
+    down = _nested(p, "down/")
     plan = TaskPlan(
         local_steps=int(c["local_steps"]), batch_size=int(c["batch_size"]),
         samples=int(c["samples"]), epochs=float(c["epochs"]) if "epochs" in c else None,
         shape=decode_shape(str(c["shape"])), lr_scale=float(c["lr_scale"]),
     )  # fmt: skip
-    base = ModelVersion(int(c["version"]), group("base/"), group("buffer/"))
+    base = ModelVersion(int(c["version"]), _group(p, "base/"), _group(p, "buffer/"))
     task = Task(
         int(c["task_id"]), int(c["client"]), int(c["k"]), base, plan,
         TaskCost(0.0, 0, 0), TaskTiming(0.0, 0.0, 0.0), 0.0, repeat=int(c["repeat"]), down=down,
@@ -247,15 +255,7 @@ def check_reply(p: Payload, task: Task, *, max_depth: int | None = None) -> Repl
         if sent is None or d is None or d < sent or (max_depth is not None and d > max_depth):
             raise RejectedReply(f"the reply's work {shape.describe()} is not what was sent")
 
-    def group(prefix: str) -> Params:
-        return {k[len(prefix) :]: torch.from_numpy(np.array(a)) for k, a in p.arrays.items()
-                if k.startswith(prefix)}  # fmt: skip
-
-    up: dict[str, Params] = {}
-    for key, a in p.arrays.items():
-        if key.startswith("up/"):
-            _, kind, name = key.split("/", 2)
-            up.setdefault(kind, {})[name] = torch.from_numpy(np.array(a))
+    up = _nested(p, "up/")
     steps = c.get("local_steps", task.plan.local_steps)
     if not isinstance(steps, int) or not 1 <= steps <= task.plan.local_steps:
         raise RejectedReply(f"the reply's {steps!r} local steps are not 1..{task.plan.local_steps}")
@@ -263,7 +263,7 @@ def check_reply(p: Payload, task: Task, *, max_depth: int | None = None) -> Repl
     if speed is not None and not (isinstance(speed, int | float) and 0 < speed < math.inf):
         raise RejectedReply(f"the reply's speed {speed!r} is not a positive number")
     return Reply(
-        delta=group("delta/"), buffers=group("buffer/"), up=up, num_samples=n,
+        delta=_group(p, "delta/"), buffers=_group(p, "buffer/"), up=up, num_samples=n,
         train_loss=float(loss), shape=shape, compute_s=float(c["compute_s"]),
         busy_s=float(c["busy_s"]), speed=None if speed is None else float(speed),
         local_steps=steps,

@@ -361,7 +361,9 @@ class Simulator:
         task.repeat = self._repeat(client, base.version, k)
         return task
 
-    def dispatch(self, task: Task, *, execute: bool) -> Task:
+    def _register(self, task: Task) -> None:
+        """A prepared task starts: its id, the client's task and base counts, the bytes down,
+        in flight (``dispatch``'s bookkeeping; a deployment's driver shares it)."""
         if task.task_id != self._next_task_id:
             raise RuntimeError("dispatch() takes the task returned by the latest prepare()")
         self._next_task_id += 1
@@ -369,6 +371,9 @@ class Simulator:
         self._count_base(task.client, task.base.version)
         self.counters.bytes_down += task.cost.bytes_down
         self._in_flight[task.task_id] = task
+
+    def dispatch(self, task: Task, *, execute: bool) -> Task:
+        self._register(task)
         kind, at = _ARRIVAL, task.t_finish
         if self._avail is not None:  # its device goes offline before it ends: lost then
             off = self._avail.next_offline(task.client, task.t_start)

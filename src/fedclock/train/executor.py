@@ -283,6 +283,17 @@ class SerialExecutor:
     def run(self, tasks: Sequence[Task]) -> list[Contribution]:
         return [self.run_one(t) for t in tasks]
 
+    def _budget_spent(self, task: Task, done: int, started: float) -> bool:
+        """A real device after its ``done``-th step (fedclock.deploy.device): its emulated
+        pace (``after_step``), then whether another step would pass ``stop_at`` — if so the
+        task's plan records the steps taken."""
+        if self.after_step is not None:
+            self.after_step(done)
+        if self.stop_at is None or not _no_time_for_another(self.stop_at, started, done):
+            return False
+        task.plan = replace(task.plan, local_steps=done)
+        return True
+
     def run_one(self, task: Task) -> Contribution:
         shape = task.plan.shape
         if shape is FULL and not self.persistent_momentum and not self.trains_fully:
@@ -315,7 +326,7 @@ class SerialExecutor:
         idx = self.data.indices[task.client]
         total = 0.0
         steps = batch_schedule(self.seed, task, len(idx))
-        stop_at, after_step = self.stop_at, self.after_step
+        device = self.stop_at is not None or self.after_step is not None
         started = time.monotonic()
         for done, local in enumerate(steps, 1):
             rows = idx[local].to(self.device)
@@ -335,11 +346,8 @@ class SerialExecutor:
             with torch.no_grad():
                 torch._foreach_add_([params[i] for i in used], d, alpha=-lr)
             total += float(loss.detach())
-            if after_step is not None:
-                after_step(done)
-            if stop_at is not None and _no_time_for_another(stop_at, started, done):
+            if device and self._budget_spent(task, done, started):  # (a real device)
                 steps = steps[:done]
-                task.plan = replace(task.plan, local_steps=done)
                 break
         delta: Params = {
             name: (p.detach() - task.base.params[name]) for name, p in model.named_parameters()
@@ -415,7 +423,7 @@ class SerialExecutor:
         total = 0.0
         # Σ_k g_k² of every element (PruneFL's importance; pruned elements included)
         sq = {n: torch.zeros_like(params[n]) for n in trains} if prog.sq_grads else None
-        stop_at, after_step = self.stop_at, self.after_step
+        device = self.stop_at is not None or self.after_step is not None
         started = time.monotonic()
         for done, local in enumerate(steps, 1):
             rows = idx[local].to(self.device)
@@ -439,11 +447,8 @@ class SerialExecutor:
                     else:
                         params[n].mul_(m)
             total += float(loss)
-            if after_step is not None:
-                after_step(done)
-            if stop_at is not None and _no_time_for_another(stop_at, started, done):
+            if device and self._budget_spent(task, done, started):  # (a real device)
                 steps = steps[:done]
-                task.plan = replace(task.plan, local_steps=done)
                 break
         if not self.persistent_momentum:
             self.momentum_store.pop(task.client, None)
