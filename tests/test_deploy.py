@@ -282,11 +282,13 @@ def test_a_bad_slow_option_is_one_sentence(tmp_path: Path, bad: str) -> None:
 
 
 def test_strategies_whose_trigger_cannot_lose_a_device_are_refused(tmp_path: Path) -> None:
+    """PruneFL's rounds cannot lose a device (as on a fleet with availability)."""
     res = CliRunner().invoke(app, [
-        "deploy", "--engine", "threads", "--local", "3", "--preset", "cis-table1-mnist",
+        "deploy", "--engine", "threads", "--local", "3", "--set", "strategy.name=prunefl",
         "--out", str(tmp_path),
     ])  # fmt: skip
-    assert res.exit_code != 0 and "Traceback" not in (res.stderr or "")
+    assert res.exit_code == 2 and "Traceback" not in res.stderr
+    assert "'prunefl' cannot be deployed yet" in res.stderr and "fails" in res.stderr
 
 
 def test_a_deployment_exports_its_measured_fleet_and_the_simulator_replays_it(
