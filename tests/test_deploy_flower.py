@@ -33,11 +33,19 @@ def _tasks(run_dir: Path) -> list[dict[str, str]]:
 
 
 def _flower_processes() -> list[str]:
-    """Flower's processes still running (a zombie, <defunct>, has exited: reaping it is the
-    job of the container's init, which some containers lack)."""
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [x for x in out.splitlines()
-            if ("flower-super" in x or "flwr-" in x) and "<defunct>" not in x]  # fmt: skip
+    """Flower's processes still running, read from /proc (not `ps`, whose lines a COLUMNS
+    variable in the environment cuts short). A zombie has exited: reaping it is the job of
+    the container's init, which some containers lack."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if ("flower-super" in args or "flwr-" in args) and state != "Z":
+            found.append(args)
+    return found
 
 
 def _speed(sets: list[str], seconds: float) -> str:
@@ -133,18 +141,24 @@ def test_a_stopped_deployment_leaves_no_process_behind(tmp_path: Path) -> None:
     import sys
     import time
 
-    run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fedclock", "deploy", "--local", "2", "--out", str(run), "-q",
-         "--set", "budget.virtual_time=120"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    run, err = tmp_path / "run", tmp_path / "stderr.txt"
+    with err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fedclock", "deploy", "--local", "2", "--out", str(run), "-q",
+             "--set", "budget.virtual_time=120"],
+            stdout=subprocess.DEVNULL, stderr=stderr,
+        )  # fmt: skip
+
+    def why() -> str:
+        logs = sorted((run / "flower" / "logs").glob("*.log"))
+        return err.read_text() + "".join(f"\n{x.name}: {x.read_text()[-800:]}" for x in logs)
+
+    # (the run submitted and its apps started: a ServerApp and the two SuperNodes running)
     deadline = time.monotonic() + 120
-    while not (run / "flower" / "logs" / "flwr-run.log").exists():
-        assert proc.poll() is None and time.monotonic() < deadline
+    while not any("flwr-serverapp" in x for x in _flower_processes()):
+        assert proc.poll() is None and time.monotonic() < deadline, why()
         time.sleep(0.5)
-    time.sleep(5)  # (the run submitted, its apps starting)
-    assert _flower_processes()
+    assert len([x for x in _flower_processes() if "flower-supernode" in x]) == 2, why()
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM, why()
     assert _flower_processes() == []
