@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import itertools
 import json
 import math
 import os
@@ -1717,6 +1718,574 @@ DRIFT = register(
     )
 )
 
+# ============================================================================= Fraboni et al.
+# Figs. 2-4 (asynchronous FedAvg's weights, local work K, FedFix and FedBuff), logistic
+# regression on MNIST-shard: the paper has curves, no tables; each comparison runs a grid of
+# η_l and reads each method at its best rate (compare's rule, fedclock.runs.lr).
+FRABONI_METRICS = {
+    "fed": "federated_loss_tail",
+    "part": "participation_loss_tail",
+    "surr": "surrogate_loss_tail",
+    "std": "client_loss_std_tail",
+    "acc": "final_test_accuracy",
+    "steps": "aggregations",
+    "stale": "mean_staleness",
+}
+
+
+def _fraboni_runs(folder: Path) -> Iterable[tuple[Path, str, str, int]]:
+    """Every run of a comparison folder, finished or stopped as diverged: (run, entry, η_l
+    or "", seed)."""
+    for path in sorted(folder.glob("runs/*/lr-*/seed-*/summary.json")):
+        run = path.parent
+        yield run, run.parent.parent.name, run.parent.name.removeprefix("lr-"), _seed(run)
+    for path in sorted(folder.glob("runs/*/seed-*/summary.json")):
+        yield path.parent, path.parent.parent.name, "", _seed(path.parent)
+
+
+def _seed(run: Path) -> int:
+    return int(run.name.removeprefix("seed-"))
+
+
+def tail_sd(rows: list[dict[str, float]], metric: str, end: float) -> float:
+    """The sample sd of ``metric`` over the evaluations in the last 10 % of the virtual time
+    (the paper's Fig. 3 measure of instability: the loss's spread in time, not over seeds)."""
+    vals = [r[metric] for r in rows if r["virtual_time"] >= 0.9 * end - 1e-9]
+    return statistics.stdev(vals) if len(vals) > 1 else math.nan
+
+
+def fraboni_collect(
+    folders: dict[str, str],
+    cell: Callable[[str, str], str] = lambda e, lr: f"{e}@{lr}",
+    times: tuple[float, ...] = (),
+) -> Callable[[Path], dict[Key, float]]:
+    """Per run of the comparison folders (``folders``: folder → cell prefix): the tail
+    losses, final accuracy, server steps and staleness of summary.json, the loss's sd in
+    time, the federated loss at the virtual ``times``, and whether it diverged (its numbers
+    then not kept: such a rate is never chosen)."""
+
+    def collect(root: Path) -> dict[Key, float]:
+        out: dict[Key, float] = {}
+        for folder, prefix in folders.items():
+            for run, entry, lr, seed in _fraboni_runs(root / folder):
+                summary = json.loads((run / "summary.json").read_text())
+                name = prefix + cell(entry, lr)
+                diverged = summary.get("status") != "completed"
+                out[(name, seed, "diverged")] = float(diverged)
+                if diverged:
+                    continue
+                for key, field_ in FRABONI_METRICS.items():
+                    if summary.get(field_) is not None:
+                        out[(name, seed, key)] = float(summary[field_])
+                end, rows = float(summary["virtual_time"]), read_metrics(run)
+                out[(name, seed, "fed_sd_time")] = tail_sd(rows, "federated_loss", end)
+                for when in times:
+                    out[(name, seed, f"fed@{when:g}")] = at(rows, when, "federated_loss", end)
+        return out
+
+    return collect
+
+
+def _fraboni_seeds(res: Results) -> list[int]:
+    return sorted({s for _, s, _ in res.values})
+
+
+def _rates(res: Results, prefix: str, entry: str) -> list[str]:
+    cells = {c for c, _, _ in res.values if c.startswith(f"{prefix}{entry}@")}
+    return sorted((c.rsplit("@", 1)[1] for c in cells), key=float)
+
+
+def _selection(res: Results, cell: str, seeds: list[int]) -> float:
+    """Compare's selection loss (fedclock.runs.lr): the mean over seeds of the federated loss
+    (last 10 %), infinite if a seed diverged or was not run (after seed 0 diverged)."""
+    vals = [res.get(cell, s, "fed") for s in seeds]
+    bad = any(res.get(cell, s, "diverged") != 0.0 for s in seeds)
+    return math.inf if bad or any(math.isnan(v) for v in vals) else statistics.mean(vals)
+
+
+def best_rate(res: Results, prefix: str, entry: str, seeds: list[int]) -> str:
+    """The η_l of ``entry``'s grid (over every folder of ``prefix``) with the lowest
+    selection loss."""
+    rates = _rates(res, prefix, entry)
+    return min(rates, key=lambda lr: _selection(res, f"{prefix}{entry}@{lr}", seeds))
+
+
+def _loss(values: list[float], digits: int = 4) -> str:
+    return mean_sd(values, scale=1.0, digits=digits)
+
+
+def fraboni_grid(prefix: str, entries: tuple[str, ...]) -> Callable[[Results], str]:
+    """η_l × entry: the federated loss (last 10 %, mean over seeds); "div." where a seed
+    diverged; the selected rate in bold."""
+
+    def render(res: Results) -> str:
+        seeds = _fraboni_seeds(res)
+        rates = sorted({r for e in entries for r in _rates(res, prefix, e)}, key=float)
+        rows = []
+        for e in entries:
+            best = best_rate(res, prefix, e, seeds)
+            cells = []
+            for lr in rates:
+                cell = f"{prefix}{e}@{lr}"
+                if not any(res.values.get((cell, s, "diverged")) is not None for s in seeds):
+                    cells.append("")
+                    continue
+                sel = _selection(res, cell, seeds)
+                text = "div." if math.isinf(sel) else f"{sel:.3f}"
+                cells.append(f"**{text}**" if lr == best else text)
+            rows.append([f"`{e}`", *cells])
+        return table_md(["η_l", *rates], rows)
+
+    return render
+
+
+def in_seeds(diffs: list[float]) -> str:
+    """How many seeds' paired differences are positive: "every seed", "k of n seeds", "no
+    seed"."""
+    d = [x for x in diffs if not math.isnan(x)]
+    k = sum(x > 0 for x in d)
+    return "every seed" if d and k == len(d) else "no seed" if k == 0 else f"{k} of {len(d)} seeds"
+
+
+# ----------------------------------------------------------------------------- Fig. 2
+FRABONI_WEIGHTS = ("async-identical", "async-time-based")
+FRABONI_WEIGHTS_TIMES = (2.0, 5.0, 10.0, 20.0, 50.0)  # the early part of the curves
+
+
+def _weights_rate(res: Results) -> str:
+    """The rate tuned on Identical, used for both (compare.lr_tune_on), as in the paper."""
+    return best_rate(res, "", "async-identical", _fraboni_seeds(res))
+
+
+def fraboni_weights_table(res: Results) -> str:
+    seeds, lr = _fraboni_seeds(res), _weights_rate(res)
+    rows = []
+    for e in FRABONI_WEIGHTS:
+
+        def per(metric: str, e: str = e) -> list[float]:
+            return res.per_seed(f"{e}@{lr}", metric, seeds)
+
+        rows.append(
+            [
+                f"`{e}`",
+                *[_loss(per(m)) for m in ("fed", "part", "surr", "std")],
+                mean_sd(per("acc"), scale=1.0, digits=3),
+            ]
+        )
+    header = [
+        "weights",
+        "federated loss (last 10%)",
+        "participation loss (last 10%)",
+        "surrogate, own q (last 10%)",
+        "client loss std (last 10%)",
+        "final test acc",
+    ]
+    return f"Selected η_l = {lr} (tuned on *Identical*, used for both).\n\n" + table_md(
+        header, rows
+    )
+
+
+def fraboni_weights_seeds(res: Results) -> str:
+    seeds, lr = _fraboni_seeds(res), _weights_rate(res)
+    rows = []
+    for s in seeds:
+        i, t = (f"{e}@{lr}" for e in FRABONI_WEIGHTS)
+        rows.append(
+            [
+                str(s),
+                *[
+                    f"{res.get(i, s, m):.4f} / {res.get(t, s, m):.4f}"
+                    for m in ("fed", "part", "std")
+                ],
+            ]
+        )
+    return table_md(
+        ["seed", "federated loss, I / T", "participation loss, I / T", "client loss std, I / T"],
+        rows,
+    )
+
+
+def fraboni_weights_verdicts(res: Results) -> str:
+    seeds, lr = _fraboni_seeds(res), _weights_rate(res)
+    i, t = (f"{e}@{lr}" for e in FRABONI_WEIGHTS)
+
+    def diff(metric: str, a: str, b: str) -> list[float]:
+        return [
+            x - y
+            for x, y in zip(
+                res.per_seed(a, metric, seeds), res.per_seed(b, metric, seeds), strict=True
+            )
+        ]
+
+    lower_at = [
+        r
+        for r in _rates(res, "", "async-identical")
+        if _selection(res, f"async-time-based@{r}", seeds)
+        < _selection(res, f"async-identical@{r}", seeds)
+    ]
+    return "\n".join(
+        [
+            f"- **Time-based reaches a lower federated loss than Identical**: in "
+            f"{in_seeds(diff('fed', i, t))} at η_l = {lr} (Identical − Time-based: "
+            f"{slash(signed(x, 4) for x in diff('fed', i, t))}); on the mean over seeds at "
+            f"η_l = {', '.join(lower_at) or 'no rate'} of the grid "
+            f"({', '.join(_rates(res, '', 'async-identical'))}).",
+            f"- **Identical is better on the participation-weighted (surrogate) problem it "
+            f"samples**: in {in_seeds(diff('part', t, i))} (Time-based − Identical: "
+            f"{slash(signed(x, 4) for x in diff('part', t, i))}).",
+            f"- **Lower spread of the client losses with Time-based**: in "
+            f"{in_seeds(diff('std', i, t))} (Identical − Time-based: "
+            f"{slash(signed(x, 4) for x in diff('std', i, t))}).",
+            "- **Early on** (the federated loss at t = "
+            f"{slash(f'{w:g}' for w in FRABONI_WEIGHTS_TIMES)} s): Time-based is below "
+            "Identical in "
+            + slash(in_seeds(diff(f"fed@{w:g}", i, t)) for w in FRABONI_WEIGHTS_TIMES)
+            + ".",
+        ]
+    )
+
+
+_FRABONI_C = 'C="--jobs 1 --batch-runs 1 -q --set executor.threads=1"'
+FRABONI_TOLERANCE = {
+    "fed": 0.002,
+    "part": 0.002,
+    "surr": 0.002,
+    "std": 0.002,
+    "acc": 0.005,
+    "steps": 0.0,
+    "stale": 0.05,
+    "diverged": 0.0,
+    "eq_gap": 1e-6,
+}
+
+FRABONI_WEIGHTS_TABLE = register(
+    Table(
+        name="fraboni-weights",
+        page="fraboni.md",
+        seeds=(0, 1, 2),
+        prelude=_FRABONI_C,
+        commands=(
+            "fedclock compare --preset fraboni-weights --data-dir {data} --lr-grid preset "
+            "--seeds {seeds} $C --out {root}/fraboni-weights",
+        ),
+        collect=fraboni_collect({"fraboni-weights": ""}, times=FRABONI_WEIGHTS_TIMES),
+        blocks={
+            "table": fraboni_weights_table,
+            "seeds": fraboni_weights_seeds,
+            "grid": fraboni_grid("", FRABONI_WEIGHTS),
+            "verdicts": fraboni_weights_verdicts,
+        },
+        tolerance={**FRABONI_TOLERANCE, "fed_sd_time": 0.002},
+    )
+)
+
+
+# ----------------------------------------------------------------------------- Fig. 3
+FRABONI_KS = (1, 5, 10, 15, 20, 25)
+
+
+def _local_work_cell(entry: str, lr: str) -> str:
+    """``async-identical:train.local_steps=5:population.speed=…`` → ``identical-K5``."""
+    name, steps, _ = entry.split(":")
+    return f"{name.removeprefix('async-')}-K{steps.split('=')[1]}"
+
+
+def _k_row(res: Results, k: int, seeds: list[int]) -> dict[str, list[float]]:
+    return {
+        f"{w}-{m}": res.per_seed(f"{w}-K{k}", m, seeds)
+        for w in ("identical", "time-based")
+        for m in ("fed", "fed_sd_time", "acc")
+    }
+
+
+def fraboni_local_work_table(res: Results) -> str:
+    seeds = _fraboni_seeds(res)
+    rows = []
+    for k in FRABONI_KS:
+        r = _k_row(res, k, seeds)
+
+        def m(x: list[float]) -> str:
+            return num(statistics.mean(x), 3) if x else "—"
+
+        rows.append(
+            [
+                str(k),
+                _loss(r["identical-fed"], 3),
+                _loss(r["time-based-fed"], 3),
+                m(r["identical-fed_sd_time"]),
+                m(r["time-based-fed_sd_time"]),
+                f"{m(r['identical-acc'])} / {m(r['time-based-acc'])}",
+            ]
+        )
+    header = [
+        "K",
+        "Identical: loss",
+        "Time-based: loss",
+        "Identical: sd in time",
+        "Time-based: sd in time",
+        "final test acc, Identical / Time-based",
+    ]
+    return table_md(header, rows)
+
+
+def fraboni_local_work_verdicts(res: Results) -> str:
+    seeds = _fraboni_seeds(res)
+    rows = {k: _k_row(res, k, seeds) for k in FRABONI_KS}
+
+    def mean(k: int, key: str) -> float:
+        return statistics.mean(rows[k][key])
+
+    lines = []
+    for w, label in (("identical", "Identical"), ("time-based", "Time-based")):
+        best = min(FRABONI_KS, key=lambda k: mean(k, f"{w}-fed"))
+        below = [
+            sum(a < b for a, b in zip(rows[k][f"{w}-fed"], rows[1][f"{w}-fed"], strict=True))
+            for k in FRABONI_KS[1:]
+        ]
+        sds = [mean(k, f"{w}-fed_sd_time") for k in FRABONI_KS]
+        rising = all(b > a for a, b in itertools.pairwise(sds))
+        falls = [
+            f"K = {k}" for k, a, b in zip(FRABONI_KS[1:], sds, sds[1:], strict=False) if b <= a
+        ]
+        lines.append(
+            f"- **{label}**: (i) the mean loss is lowest at K = {best} "
+            f"({num(mean(best, f'{w}-fed'), 3)}; K = 1: {num(mean(1, f'{w}-fed'), 3)}); seeds "
+            f"with a lower loss than at K = 1: {slash(f'{n}/{len(seeds)}' for n in below)} at K "
+            f"= {slash(str(k) for k in FRABONI_KS[1:])}. (ii) the sd in time "
+            + ("rises at every step of K" if rising else f"does not rise at {', '.join(falls)}")
+            + f" ({num(sds[0], 3)} → {num(sds[-1], 3)})."
+        )
+    higher = []
+    for k in FRABONI_KS:
+        r = rows[k]
+        both = [
+            a > b and c > d
+            for a, b, c, d in zip(
+                r["time-based-fed"],
+                r["identical-fed"],
+                r["time-based-fed_sd_time"],
+                r["identical-fed_sd_time"],
+                strict=True,
+            )
+        ]
+        higher.append(f"{sum(both)}/{len(both)}")
+    lines.append(
+        "- **(iii) Time-based more sensitive to K**: seeds in which Time-based has both the "
+        f"higher loss and the higher sd in time: {slash(higher)} at K = "
+        f"{slash(str(k) for k in FRABONI_KS)}."
+    )
+    return "\n".join(lines)
+
+
+FRABONI_LOCAL_WORK = register(
+    Table(
+        name="fraboni-local-work",
+        page="fraboni.md",
+        seeds=(0, 1, 2),
+        prelude=_FRABONI_C,
+        commands=(
+            "fedclock compare --preset fraboni-local-work --data-dir {data} --seeds {seeds} $C "
+            "--out {root}/fraboni-local-work",
+        ),
+        collect=fraboni_collect({"fraboni-local-work": ""}, _local_work_cell),
+        blocks={"table": fraboni_local_work_table, "verdicts": fraboni_local_work_verdicts},
+        tolerance={**FRABONI_TOLERANCE, "fed": 0.01, "fed_sd_time": 0.01},
+    )
+)
+
+
+# ----------------------------------------------------------------------------- Fig. 4
+#: run folder → the entry as `compare --strategies` names it
+FEDFIX_ENTRIES = {
+    "fedavg": "fedavg",
+    "async-time-based": "async-time-based",
+    "fedfix-delta_t=0.5": "fedfix:delta_t=0.5",
+    "fedbuff-buffer_size=5": "fedbuff:buffer_size=5",
+}
+#: the settings: cell prefix → label
+FEDFIX_SETTINGS = {"f80/": "F80", "f0/": "F0", "mom/": "F80, local momentum 0.9"}
+_FEDFIX_FOLDERS = {
+    "fedfix": "f80/",
+    "fedfix-async-low": "f80/",
+    "fedfix-f0": "f0/",
+    "fedfix-f0-async-low": "f0/",
+    "fedfix-f0-fedavg-eta2": "eta2/",
+    "fedfix-mom": "mom/",
+    "fedfix-mom-fedavg-high": "mom/",
+}
+
+
+def _fedfix_cell(entry: str, lr: str) -> str:
+    return f"{entry}@{lr}" if lr else entry
+
+
+def fedfix_collect(root: Path) -> dict[Key, float]:
+    """The comparison folders' runs (fraboni_collect), and the largest gap between the
+    federated-loss curves of FedFix under F0 (η_l = 0.1) and synchronous FedAvg with η_g = 2,
+    per seed: the paper's reason why FedFix wins under F0 (it is FedAvg with η_g = 2)."""
+    out = fraboni_collect(_FEDFIX_FOLDERS, _fedfix_cell)(root)
+    for run, _, _, seed in _fraboni_runs(root / "fedfix-f0-fedavg-eta2"):
+        fedfix = root / "fedfix-f0" / "runs" / "fedfix-delta_t=0.5" / "lr-0.1" / run.name
+        if not (fedfix / "metrics.csv").is_file():
+            continue
+        a, b = read_metrics(run), read_metrics(fedfix)
+        # (FedFix's empty steps under F0 evaluate too: compare at FedAvg's evaluation times)
+        times = {r["virtual_time"]: r["federated_loss"] for r in b}
+        gaps = [
+            abs(r["federated_loss"] - times[r["virtual_time"]])
+            for r in a
+            if r["virtual_time"] in times
+        ]
+        out[("eta2/fedavg", seed, "eq_gap")] = max(gaps) if gaps else math.nan
+        out[("eta2/fedavg", seed, "eq_points")] = float(len(gaps))
+    return out
+
+
+def _fedfix_entries(res: Results, prefix: str) -> list[str]:
+    return [e for e in FEDFIX_ENTRIES if _rates(res, prefix, e)]
+
+
+def fedfix_table(prefix: str) -> Callable[[Results], str]:
+    """Each method at its best η_l: the tail losses, final accuracy, server steps, staleness."""
+
+    def render(res: Results) -> str:
+        seeds = _fraboni_seeds(res)
+        rows = []
+        for e in _fedfix_entries(res, prefix):
+            lr = best_rate(res, prefix, e, seeds)
+
+            def per(metric: str, e: str = e, lr: str = lr) -> list[float]:
+                return res.per_seed(f"{prefix}{e}@{lr}", metric, seeds)
+
+            rows.append(
+                [
+                    f"`{FEDFIX_ENTRIES[e]}`",
+                    lr,
+                    _loss(per("fed"), 3),
+                    _loss(per("std"), 3),
+                    mean_sd(per("acc"), scale=1.0, digits=3),
+                    num(statistics.mean(per("steps"))),
+                    num(statistics.mean(per("stale")), 2),
+                ]
+            )
+        header = [
+            "strategy",
+            "best η_l",
+            "federated loss (last 10%)",
+            "client loss std (last 10%)",
+            "final test acc",
+            "server steps",
+            "mean staleness",
+        ]
+        return table_md(header, rows)
+
+    return render
+
+
+def fedfix_seeds(res: Results) -> str:
+    """Per setting and seed, each method's federated loss at its best rate."""
+    seeds = _fraboni_seeds(res)
+    rows = []
+    for prefix, label in FEDFIX_SETTINGS.items():
+        entries = _fedfix_entries(res, prefix)
+        best = {e: best_rate(res, prefix, e, seeds) for e in entries}
+        for s in seeds:
+            rows.append(
+                [
+                    label,
+                    str(s),
+                    slash(num(res.get(f"{prefix}{e}@{best[e]}", s, "fed"), 3) for e in entries),
+                    slash(f"`{FEDFIX_ENTRIES[e]}`" for e in entries),
+                ]
+            )
+    return table_md(["setting", "seed", "federated loss (last 10%)", "of"], rows)
+
+
+def _at_best(res: Results, prefix: str, entry: str, seeds: list[int]) -> list[float]:
+    return res.per_seed(f"{prefix}{entry}@{best_rate(res, prefix, entry, seeds)}", "fed", seeds)
+
+
+def fedfix_verdicts(res: Results) -> str:
+    seeds = _fraboni_seeds(res)
+
+    def lower(prefix: str, a: str, b: str) -> str:
+        """``a`` below ``b`` (federated loss at each one's best rate): in how many seeds."""
+        x, y = _at_best(res, prefix, a, seeds), _at_best(res, prefix, b, seeds)
+        d = [v - u for u, v in zip(x, y, strict=True)]
+        return (
+            f"in {in_seeds(d)} ({_loss(x, 3)} against {_loss(y, 3)}; per seed "
+            f"{slash(f'{u:.3f} / {v:.3f}' for u, v in zip(x, y, strict=True))})"
+        )
+
+    def diverged(prefix: str, e: str) -> list[str]:
+        return [
+            lr
+            for lr in _rates(res, prefix, e)
+            if any(res.get(f"{prefix}{e}@{lr}", s, "diverged") == 1.0 for s in seeds)
+        ]
+
+    fix, avg, asy, buf = FEDFIX_ENTRIES
+    gaps = [res.get("eta2/fedavg", s, "eq_gap") for s in seeds]
+    points = [res.get("eta2/fedavg", s, "eq_points") for s in seeds]
+    lines = [
+        f"- **F80: FedFix-0.5 below synchronous FedAvg** {lower('f80/', fix, avg)}.",
+        f"- **F80: asynchronous FedAvg the most sensitive to η_l**: it diverges at η_l = "
+        f"{', '.join(diverged('f80/', asy)) or 'none'}; FedAvg at "
+        f"{', '.join(diverged('f80/', avg)) or 'none'}, FedFix at "
+        f"{', '.join(diverged('f80/', fix)) or 'none'}, FedBuff at "
+        f"{', '.join(diverged('f80/', buf)) or 'none'}. At their best rates asynchronous "
+        f"FedAvg is below FedAvg {lower('f80/', asy, avg)}, FedBuff-5 below FedAvg "
+        f"{lower('f80/', buf, avg)}.",
+        f"- **F0: synchronous FedAvg below asynchronous FedAvg** {lower('f0/', avg, asy)}; "
+        f"below FedBuff-5 {lower('f0/', avg, buf)}.",
+        f"- **F0: FedFix-0.5 below synchronous FedAvg** {lower('f0/', fix, avg)} — and FedFix "
+        "under F0 is FedAvg with η_g = 2 (every other FedFix step is empty, d_i = 2 p_i): the "
+        "largest gap between the two federated-loss curves (FedFix at η_l = 0.1, FedAvg at "
+        f"η_l = 0.1 and η_g = 2) is {slash(f'{g:.1e}' for g in gaps)} over "
+        f"{slash(num(p) for p in points)} evaluations, per seed.",
+        f"- **With local momentum 0.9 (the authors' code), F80**: FedFix-0.5 below FedAvg "
+        f"{lower('mom/', fix, avg)}.",
+    ]
+    return "\n".join(lines)
+
+
+FRABONI_FEDFIX = register(
+    Table(
+        name="fraboni-fedfix",
+        page="fraboni.md",
+        seeds=(0, 1),
+        prelude=_FRABONI_C + '\nF="--preset fraboni-fedfix --data-dir $D $C"',
+        commands=(
+            "fedclock compare $F --seeds {seeds} --lr-grid preset --out {root}/fedfix",
+            "fedclock compare $F --seeds {seeds} --strategies async-time-based --lr-grid 0.0003,0.001 "
+            "--out {root}/fedfix-async-low",
+            "fedclock compare $F --seeds {seeds} --lr-grid preset --set population.fx_percent=0 "
+            "--out {root}/fedfix-f0",
+            "fedclock compare $F --seeds {seeds} --strategies async-time-based --lr-grid 0.0003,0.001 "
+            "--set population.fx_percent=0 --out {root}/fedfix-f0-async-low",
+            "fedclock compare $F --seeds {seeds} --strategies fedavg --no-lr-grid --set train.lr=0.1 "
+            "--set strategy.server_lr=2.0 --set population.fx_percent=0 "
+            "--out {root}/fedfix-f0-fedavg-eta2",
+            "fedclock compare $F --seeds {seeds} --strategies fedavg,fedfix:delta_t=0.5 "
+            "--lr-grid 0.001,0.003,0.01,0.03 --set train.momentum=0.9 --out {root}/fedfix-mom",
+            "fedclock compare $F --seeds {seeds} --strategies fedavg --lr-grid 0.1 --set train.momentum=0.9 "
+            "--out {root}/fedfix-mom-fedavg-high",
+        ),
+        collect=fedfix_collect,
+        blocks={
+            "f80": fedfix_table("f80/"),
+            "f80-grid": fraboni_grid("f80/", tuple(FEDFIX_ENTRIES)),
+            "f0": fedfix_table("f0/"),
+            "f0-grid": fraboni_grid("f0/", tuple(FEDFIX_ENTRIES)),
+            "momentum-grid": fraboni_grid("mom/", ("fedavg", "fedfix-delta_t=0.5")),
+            "seeds": fedfix_seeds,
+            "verdicts": fedfix_verdicts,
+        },
+        tolerance={**FRABONI_TOLERANCE, "fed": 0.005, "fed_sd_time": 0.01},
+    )
+)
+
+
 # ============================================================================= SALF
 # Table II (MNIST, MLP 784-32-16-10, reference mode: the authors' code): the test accuracy of
 # the best-validation model after 250 rounds, per method and straggler ratio ρ.
@@ -1732,70 +2301,123 @@ SALF_PAPER = {
 }
 
 
-def salf_collect(root: Path) -> dict[Key, float]:
-    """Per method, ρ and seed of the sweep: val_best_test_accuracy (summary.json). A method
-    that does not read ρ (vanilla) ran at the first value only: its runs fill every ρ."""
-    out: dict[Key, float] = {}
-    for name in SALF_METHODS:
-        for ratio in SALF_RATIOS:
-            folder = f"population.straggler_ratio={ratio}"
-            for run, seed in seed_dirs(root / "salf-mlp-ref", f"runs/{name}/{folder}/seed-*"):
-                acc = json.loads((run / "summary.json").read_text())["val_best_test_accuracy"]
-                out[(f"{name}@{ratio:g}", seed, "acc")] = float(acc)
-        got = {k: v for k, v in out.items() if k[0].startswith(f"{name}@")}
-        if got and len({k[0] for k in got}) == 1:  # (one ρ run: it holds for every ρ)
-            for (_cell, seed, metric), v in list(got.items()):
-                for ratio in SALF_RATIOS:
-                    out[(f"{name}@{ratio:g}", seed, metric)] = v
-    return out
+#: Table II's CNN column
+SALF_PAPER_CNN = {
+    "vanilla": (0.95, 0.95, 0.95, 0.95),
+    "drop-stragglers": (0.93, 0.90, 0.83, 0.28),
+    "salf": (0.94, 0.93, 0.92, 0.90),
+    "heterofl": (0.88, 0.84, 0.61, 0.43),
+    "asyncfl": (0.94, 0.92, 0.91, 0.86),
+}
+SALF_LABELS = {"salf": "SALF", "asyncfl": "AsyncFL", "drop-stragglers": "drop-stragglers"}
+#: Table II per model prefix of a table's cells
+SALF_TABLE_II = {"": SALF_PAPER, "mlp/": SALF_PAPER, "cnn/": SALF_PAPER_CNN}
+
+
+def salf_sweep_collect(
+    folders: dict[str, str], swept: str, values: tuple[float, ...], metric: str
+) -> Callable[[Path], dict[Key, float]]:
+    """Per sweep folder (``folders``: folder → cell prefix), method, swept value and seed:
+    ``metric`` of summary.json as cell ``PREFIX METHOD@VALUE``. A method that does not read
+    the swept field (vanilla) ran at the first value only: its runs fill every value."""
+
+    def collect(root: Path) -> dict[Key, float]:
+        out: dict[Key, float] = {}
+        for folder, prefix in folders.items():
+            for name in SALF_METHODS:
+                got: dict[Key, float] = {}
+                for v in values:
+                    runs = root / folder / "runs" / name / f"{swept}={v}"
+                    for run, seed in seed_dirs(runs, "seed-*"):
+                        acc = json.loads((run / "summary.json").read_text())[metric]
+                        got[(f"{prefix}{name}@{v:g}", seed, "acc")] = float(acc)
+                if got and len({k[0] for k in got}) == 1:  # (one value run: it holds for all)
+                    got = {
+                        (f"{prefix}{name}@{v:g}", seed, m): x
+                        for (_, seed, m), x in got.items()
+                        for v in values
+                    }
+                out.update(got)
+        return out
+
+    return collect
+
+
+salf_collect = salf_sweep_collect(
+    {"salf-mlp-ref": ""}, "population.straggler_ratio", SALF_RATIOS, "val_best_test_accuracy"
+)
 
 
 def _salf_seeds(res: Results) -> list[int]:
     return sorted({s for _, s, _ in res.values})
 
 
-def salf_table(res: Results) -> str:
-    """mean ± sd over the seeds (seed 1234 alone, the authors' seed) / Table II."""
-    seeds = _salf_seeds(res)
-    rows = []
-    for name in SALF_METHODS:
-        paper = SALF_PAPER[name]
-        cells = []
-        for i, ratio in enumerate(SALF_RATIOS):
-            vals = res.per_seed(f"{name}@{ratio:g}", "acc", seeds)
-            one = res.values.get((f"{name}@{ratio:g}", 1234, "acc"), math.nan)
-            ref = "N/A" if paper is None else f"{paper[i]:.2f}"
-            cells.append(f"**{mean_sd(vals, scale=1.0, digits=3)}** ({num(one, 3)}) / {ref}")
-        rows.append([name, *cells])
-    return table_md(["method", *[f"ρ={r:g}" for r in SALF_RATIOS]], rows)
+def _salf_methods(res: Results, prefix: str) -> list[str]:
+    return [m for m in SALF_METHODS if res.seeds(f"{prefix}{m}@{SALF_RATIOS[0]:g}")]
 
 
-def salf_verdicts(res: Results) -> str:
+def salf_table_for(prefix: str = "", seed_1234: bool = True) -> Callable[[Results], str]:
+    """mean ± sd over the seeds (``seed_1234``: seed 1234 alone, the authors' seed, in
+    brackets) / Table II."""
+
+    def render(res: Results) -> str:
+        seeds = _salf_seeds(res)
+        rows = []
+        for name in _salf_methods(res, prefix):
+            paper = SALF_TABLE_II[prefix][name]
+            cells = []
+            for i, ratio in enumerate(SALF_RATIOS):
+                cell = f"{prefix}{name}@{ratio:g}"
+                vals = res.per_seed(cell, "acc", seeds)
+                ref = "N/A" if paper is None else f"{paper[i]:.2f}"
+                one = f" ({num(res.get(cell, 1234, 'acc'), 3)})" if seed_1234 else ""
+                cells.append(f"**{mean_sd(vals, scale=1.0, digits=3)}**{one} / {ref}")
+            rows.append([name, *cells])
+        return table_md(["method", *[f"ρ={r:g}" for r in SALF_RATIOS]], rows)
+
+    return render
+
+
+salf_table = salf_table_for()
+
+
+def salf_verdicts_for(prefix: str = "") -> Callable[[Results], str]:
     """Table II's bar: each cell of vanilla, SALF and drop-stragglers within ±3 points of
-    the paper's; the ordering SALF ≥ AsyncFL ≥ drop-stragglers at ρ = 0.9 in every seed."""
-    seeds = _salf_seeds(res)
-    lines = []
-    for name in ("vanilla", "salf", "drop-stragglers"):
-        paper = SALF_PAPER[name]
-        assert paper is not None
-        diffs = []
-        for i, ratio in enumerate(SALF_RATIOS):
-            vals = [v for v in res.per_seed(f"{name}@{ratio:g}", "acc", seeds) if not math.isnan(v)]
-            diffs.append(100 * (statistics.mean(vals) - paper[i]) if vals else math.nan)
-        inside = [abs(d) <= 3.0 for d in diffs if not math.isnan(d)]
+    the paper's; the ordering SALF ≥ AsyncFL ≥ drop-stragglers at ρ = 0.9 in every seed
+    (SALF ≥ drop-stragglers where AsyncFL did not run)."""
+
+    def render(res: Results) -> str:
+        seeds = _salf_seeds(res)
+        lines = []
+        for name in ("vanilla", "salf", "drop-stragglers"):
+            paper = SALF_TABLE_II[prefix][name]
+            assert paper is not None
+            diffs = []
+            for i, ratio in enumerate(SALF_RATIOS):
+                per = res.per_seed(f"{prefix}{name}@{ratio:g}", "acc", seeds)
+                vals = [v for v in per if not math.isnan(v)]
+                diffs.append(100 * (statistics.mean(vals) - paper[i]) if vals else math.nan)
+            inside = [abs(d) <= 3.0 for d in diffs if not math.isnan(d)]
+            lines.append(
+                f"- **{name}** − Table II: {slash(signed(d, 1) for d in diffs)} points at ρ = "
+                f"{slash(f'{r:g}' for r in SALF_RATIOS)}: within ±3 points in {sum(inside)} of "
+                f"{len(inside)} cells."
+            )
+        order_of = [m for m in ("salf", "asyncfl", "drop-stragglers")
+                    if m in _salf_methods(res, prefix)]  # fmt: skip
+        at = [res.per_seed(f"{prefix}{m}@0.9", "acc", seeds) for m in order_of]
+        order = [all(a >= b for a, b in itertools.pairwise(col)) for col in zip(*at, strict=True)]
         lines.append(
-            f"- **{name}** − Table II: {slash(signed(d, 1) for d in diffs)} points at ρ = "
-            f"{slash(f'{r:g}' for r in SALF_RATIOS)}: within ±3 points in {sum(inside)} of "
-            f"{len(inside)} cells."
+            f"- **{' ≥ '.join(SALF_LABELS[m] for m in order_of)} at ρ = 0.9**: "
+            f"{'holds' if all(order) else 'mixed' if any(order) else 'fails'} in "
+            f"{sum(order)} of {len(order)} seeds."
         )
-    at = [res.per_seed(f"{m}@0.9", "acc", seeds) for m in ("salf", "asyncfl", "drop-stragglers")]
-    order = [a >= b >= c for a, b, c in zip(*at, strict=True)]
-    lines.append(
-        f"- **SALF ≥ AsyncFL ≥ drop-stragglers at ρ = 0.9**: "
-        f"{'holds' if all(order) else 'mixed' if any(order) else 'fails'} in "
-        f"{sum(order)} of {len(order)} seeds."
-    )
-    return "\n".join(lines)
+        return "\n".join(lines)
+
+    return render
+
+
+salf_verdicts = salf_verdicts_for()
 
 
 SALF_T2 = register(
@@ -1810,6 +2432,137 @@ SALF_T2 = register(
         ),
         collect=salf_collect,
         blocks={"table": salf_table, "verdicts": salf_verdicts},
+        tolerance={"acc": 0.005},
+    )
+)
+
+SALF_T2_TEN = register(
+    Table(
+        name="salf-t2-mlp-10",
+        page="salf.md",
+        seeds=(1234, 1, 2, 3, 4, 5, 6, 7, 8, 9),
+        prelude='C="-q --set executor.threads=1"',
+        commands=(
+            "fedclock sweep --preset salf-table2-mlp --data-dir {data} --seeds {seeds} $C "
+            "--strategies vanilla,drop-stragglers,salf --out {root}/salf-mlp-ref10",
+        ),
+        collect=salf_sweep_collect(
+            {"salf-mlp-ref10": ""},
+            "population.straggler_ratio",
+            SALF_RATIOS,
+            "val_best_test_accuracy",
+        ),
+        blocks={"table": salf_table_for("", seed_1234=False), "verdicts": salf_verdicts},
+        tolerance={"acc": 0.005},
+    )
+)
+
+SALF_T2_PAPER = register(
+    Table(
+        name="salf-t2-paper",
+        page="salf.md",
+        seeds=(1234, 1, 2),
+        prelude='C="-q --set executor.threads=1"',
+        commands=(
+            "fedclock sweep --preset salf-table2-mlp-paper --data-dir {data} --seeds {seeds} $C "
+            "--out {root}/salf-mlp-paper",
+            "fedclock sweep --preset salf-table2-cnn-paper --data-dir {data} --seeds {seeds} $C "
+            "--out {root}/salf-cnn-paper",
+        ),
+        collect=salf_sweep_collect(
+            {"salf-mlp-paper": "mlp/", "salf-cnn-paper": "cnn/"},
+            "population.straggler_ratio",
+            SALF_RATIOS,
+            "final_test_accuracy",
+        ),
+        blocks={
+            "mlp": salf_table_for("mlp/", seed_1234=False),
+            "mlp-verdicts": salf_verdicts_for("mlp/"),
+            "cnn": salf_table_for("cnn/", seed_1234=False),
+            "cnn-verdicts": salf_verdicts_for("cnn/"),
+        },
+        tolerance={"acc": 0.005},
+    )
+)
+
+# Fig. 5 analogue: final test accuracy against the deadline t_max (CNN, deadline scenario)
+SALF_DEADLINES = (0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.012, 0.024)
+SALF_MODES = {"paper/": "paper mode", "ref/": "reference mode (`salf.charge: suffix`)"}
+
+
+def salf_deadline_table(prefix: str) -> Callable[[Results], str]:
+    """strategy × t_max (ms), seed 1234; the best method of each column in bold."""
+
+    def render(res: Results) -> str:
+        seed = _salf_seeds(res)[0]
+        names = [m for m in SALF_METHODS if res.seeds(f"{prefix}{m}@{SALF_DEADLINES[0]:g}")]
+        names = [m for m in names if m != "vanilla"]
+        best = {
+            t: max(res.get(f"{prefix}{m}@{t:g}", seed, "acc") for m in names)
+            for t in SALF_DEADLINES
+        }
+        rows = []
+        for m in names:
+            cells = []
+            for t in SALF_DEADLINES:
+                v = res.get(f"{prefix}{m}@{t:g}", seed, "acc")
+                cells.append(f"**{v:.3f}**" if v == best[t] else num(v, 3))
+            rows.append([m, *cells])
+        vanilla = res.get(f"{prefix}vanilla@{SALF_DEADLINES[0]:g}", seed, "acc")
+        head = ["strategy", *[f"{1000 * t:g} ms" for t in SALF_DEADLINES]]
+        return f"Vanilla (no deadline): **{vanilla:.3f}**.\n\n" + table_md(head, rows)
+
+    return render
+
+
+def salf_deadline_verdicts(res: Results) -> str:
+    """Per mode: at which deadlines SALF is the best method, and its distance to vanilla."""
+    seed = _salf_seeds(res)[0]
+    lines = []
+    for prefix, label in SALF_MODES.items():
+        if not res.seeds(f"{prefix}salf@{SALF_DEADLINES[0]:g}"):
+            continue
+        others = [m for m in SALF_METHODS if m not in ("vanilla", "salf")]
+        wins, ties = [], []
+        for t in SALF_DEADLINES:
+            s = res.get(f"{prefix}salf@{t:g}", seed, "acc")
+            o = max(res.get(f"{prefix}{m}@{t:g}", seed, "acc") for m in others)
+            (wins if s > o else ties if s == o else []).append(f"{1000 * t:g}")
+        vanilla = res.get(f"{prefix}vanilla@{SALF_DEADLINES[0]:g}", seed, "acc")
+        gaps = [100 * (res.get(f"{prefix}salf@{t:g}", seed, "acc") - vanilla)
+                for t in SALF_DEADLINES]  # fmt: skip
+        lines.append(
+            f"- **{label}**: SALF is the best of the four deadline methods at t_max = "
+            f"{', '.join(wins) or 'none'} ms"
+            + (f" (level with the best at {', '.join(ties)} ms)" if ties else "")
+            + f"; SALF − vanilla: {slash(signed(g, 1) for g in gaps)} points."
+        )
+    return "\n".join(lines)
+
+
+SALF_DEADLINE = register(
+    Table(
+        name="salf-deadline",
+        page="salf.md",
+        seeds=(1234,),
+        prelude='C="-q --set executor.threads=1"',
+        commands=(
+            "fedclock sweep --preset salf-deadline-sweep --data-dir {data} --seeds {seeds} $C "
+            "--out {root}/salf-deadline",
+            "fedclock sweep --preset salf-deadline-sweep --data-dir {data} --seeds {seeds} $C "
+            "--set salf.mode=reference --set salf.charge=suffix --out {root}/salf-deadline-ref",
+        ),
+        collect=salf_sweep_collect(
+            {"salf-deadline": "paper/", "salf-deadline-ref": "ref/"},
+            "strategy.t_max",
+            SALF_DEADLINES,
+            "final_test_accuracy",
+        ),
+        blocks={
+            "paper": salf_deadline_table("paper/"),
+            "reference": salf_deadline_table("ref/"),
+            "verdicts": salf_deadline_verdicts,
+        },
         tolerance={"acc": 0.005},
     )
 )
