@@ -1176,6 +1176,118 @@ FEDRAA_T3_REFERENCE_TABLE = register(
     )
 )
 
+# ----------------------------------------------------------------------------- β and M
+# Figs. 5 and 6 (MNIST): Fed-RAA's time to 93 % and accuracy against the share β of
+# capability-1 devices (the rest capability 3) and against the number of fragments M.
+FEDRAA_BETAS = (0.1, 0.3, 0.5, 0.7, 0.9)
+FEDRAA_MS = (2, 3, 4, 5)
+FEDRAA_SWEEP_END = 300.0
+
+
+def fedraa_sweeps_collect(root: Path) -> dict[Key, float]:
+    """Per swept value and seed: the time to 93 %, the accuracy at the end (300 s) and the
+    server steps."""
+    out: dict[Key, float] = {}
+    for folder, field_, prefix, values in (
+        ("fedraa-beta", "population.beta", "beta", FEDRAA_BETAS),
+        ("fedraa-m", "strategy.fragments", "m", FEDRAA_MS),
+    ):
+        for v in values:
+            for run, seed in seed_dirs(root / folder, f"runs/fed-raa/{field_}={v}/seed-*"):
+                rows, end = read_metrics(run), run_end(run)
+                cell = f"{prefix}@{v:g}"
+                out[(cell, seed, "t93")] = time_to(rows, FEDRAA_TARGET)
+                out[(cell, seed, "acc")] = at(rows, FEDRAA_SWEEP_END, end=end)
+                summary = json.loads((run / "summary.json").read_text())
+                out[(cell, seed, "steps")] = float(summary["aggregations"])
+    return out
+
+
+def _sweep_seeds(res: Results) -> list[int]:
+    return sorted({s for _, s, _ in res.values})
+
+
+def fedraa_sweep_table(prefix: str, symbol: str, values: tuple[float, ...]):
+    def render(res: Results) -> str:
+        seeds = _sweep_seeds(res)
+        rows = []
+        for v in values:
+            cell = f"{prefix}@{v:g}"
+            t93 = res.per_seed(cell, "t93", seeds)
+            rows.append(
+                [
+                    f"{symbol} = {v:g}",
+                    slash(num(x) for x in t93),
+                    mean_sd(t93, scale=1.0, digits=1),
+                    mean_sd(res.per_seed(cell, "acc", seeds)),
+                    mean_sd(res.per_seed(cell, "steps", seeds), scale=1.0, digits=0),
+                ]
+            )
+        header = [
+            "",
+            f"time to 93 % (s), seeds {slash(map(str, seeds))}",
+            "mean ± sd",
+            f"acc. at {FEDRAA_SWEEP_END:g} s (%)",
+            f"server steps in {FEDRAA_SWEEP_END:g} s",
+        ]
+        return table_md(header, rows)
+
+    return render
+
+
+def fedraa_sweep_verdicts(res: Results) -> str:
+    seeds = _sweep_seeds(res)
+    lines = []
+    for prefix, symbol, values, claim in (
+        ("beta", "β", FEDRAA_BETAS, "a larger β slows training and lowers accuracy (Fig. 5)"),
+        (
+            "m",
+            "M",
+            FEDRAA_MS,
+            "more fragments take moderately longer, with no accuracy gain (Fig. 6)",
+        ),
+    ):
+        means = [statistics.mean(res.per_seed(f"{prefix}@{v:g}", "t93", seeds)) for v in values]
+        rising = [f"{a:g}→{b:g}" for (a, ma), (b, mb) in
+                  itertools.pairwise(zip(values, means, strict=True)) if mb > ma]  # fmt: skip
+        first, last = f"{prefix}@{values[0]:g}", f"{prefix}@{values[-1]:g}"
+        slower = [b - a for a, b in zip(res.per_seed(first, "t93", seeds),
+                                         res.per_seed(last, "t93", seeds), strict=True)]  # fmt: skip
+        gain = paired_points(res, last, first, "acc", seeds)
+        lines.append(
+            f"- **{claim}**: the mean time to 93 % rises at {len(rising)} of "
+            f"{len(values) - 1} steps of {symbol} ({', '.join(rising) or 'none'}); "
+            f"{symbol} = {values[-1]:g} against {values[0]:g}: "
+            f"{slash(signed(x, 0) for x in slower)} s ({sign_verdict(slower, 1)} slower), "
+            f"accuracy at {FEDRAA_SWEEP_END:g} s {slash(signed(x) for x in gain)} points "
+            f"({sign_verdict(gain, -1)} lower)."
+        )
+    return "\n".join(lines)
+
+
+FEDRAA_SWEEPS = register(
+    Table(
+        name="fedraa-sweeps",
+        page="fed-raa.md",
+        seeds=(1, 2, 3),
+        prelude=FEDRAA_PRELUDE,
+        commands=(
+            "fedclock sweep --preset fedraa-beta-sweep --data-dir {data} --seeds {seeds} $C "
+            "--out {root}/fedraa-beta",
+            "fedclock sweep --preset fedraa-m-sweep --data-dir {data} --seeds {seeds} $C "
+            "--out {root}/fedraa-m",
+        ),
+        collect=fedraa_sweeps_collect,
+        blocks={
+            "beta": fedraa_sweep_table("beta", "β", FEDRAA_BETAS),
+            "m": fedraa_sweep_table("m", "M", FEDRAA_MS),
+            "verdicts": fedraa_sweep_verdicts,
+        },
+        tolerance={"t93": 2.0, "acc": 0.002, "steps": 2.0},
+    )
+)
+
+
 # ============================================================================= CIS
 # Table 1 (equal split, 4-2-1 tree): the routed CIS accuracy of each weighting at the serving
 # rates 80-15-5 and 5-15-80, in three settings: Algorithm 1 as printed (paper mode), the
