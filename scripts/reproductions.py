@@ -1926,7 +1926,9 @@ def _loss(values: list[float], digits: int = 4) -> str:
     return mean_sd(values, scale=1.0, digits=digits)
 
 
-def fraboni_grid(prefix: str, entries: tuple[str, ...]) -> Callable[[Results], str]:
+def fraboni_grid(
+    prefix: str, entries: tuple[str, ...], labels: dict[str, str] | None = None
+) -> Callable[[Results], str]:
     """η_l × entry: the federated loss (last 10 %, mean over seeds); "div." where a seed
     diverged; the selected rate in bold."""
 
@@ -1945,7 +1947,7 @@ def fraboni_grid(prefix: str, entries: tuple[str, ...]) -> Callable[[Results], s
                 sel = _selection(res, cell, seeds)
                 text = "div." if math.isinf(sel) else f"{sel:.3f}"
                 cells.append(f"**{text}**" if lr == best else text)
-            rows.append([f"`{e}`", *cells])
+            rows.append([f"`{(labels or {}).get(e, e)}`", *cells])
         return table_md(["η_l", *rates], rows)
 
     return render
@@ -2097,9 +2099,10 @@ FRABONI_KS = (1, 5, 10, 15, 20, 25)
 
 
 def _local_work_cell(entry: str, lr: str) -> str:
-    """``async-identical:train.local_steps=5:population.speed=…`` → ``identical-K5``."""
-    name, steps, _ = entry.split(":")
-    return f"{name.removeprefix('async-')}-K{steps.split('=')[1]}"
+    """``async-identical-train.local_steps=5-population.speed=…`` (the run folder of the
+    entry ``async-identical:train.local_steps=5:…``) → ``identical-K5``."""
+    name, rest = entry.split("-train.local_steps=")
+    return f"{name.removeprefix('async-')}-K{rest.split('-')[0]}"
 
 
 def _k_row(res: Results, k: int, seeds: list[int]) -> dict[str, list[float]]:
@@ -2326,7 +2329,7 @@ def fedfix_verdicts(res: Results) -> str:
         d = [v - u for u, v in zip(x, y, strict=True)]
         return (
             f"in {in_seeds(d)} ({_loss(x, 3)} against {_loss(y, 3)}; per seed "
-            f"{slash(f'{u:.3f} / {v:.3f}' for u, v in zip(x, y, strict=True))})"
+            f"{'; '.join(f'{u:.3f} vs {v:.3f}' for u, v in zip(x, y, strict=True))})"
         )
 
     def diverged(prefix: str, e: str) -> list[str]:
@@ -2336,7 +2339,7 @@ def fedfix_verdicts(res: Results) -> str:
             if any(res.get(f"{prefix}{e}@{lr}", s, "diverged") == 1.0 for s in seeds)
         ]
 
-    fix, avg, asy, buf = FEDFIX_ENTRIES
+    avg, asy, fix, buf = FEDFIX_ENTRIES
     gaps = [res.get("eta2/fedavg", s, "eq_gap") for s in seeds]
     points = [res.get("eta2/fedavg", s, "eq_points") for s in seeds]
     lines = [
@@ -2386,10 +2389,10 @@ FRABONI_FEDFIX = register(
         collect=fedfix_collect,
         blocks={
             "f80": fedfix_table("f80/"),
-            "f80-grid": fraboni_grid("f80/", tuple(FEDFIX_ENTRIES)),
+            "f80-grid": fraboni_grid("f80/", tuple(FEDFIX_ENTRIES), FEDFIX_ENTRIES),
             "f0": fedfix_table("f0/"),
-            "f0-grid": fraboni_grid("f0/", tuple(FEDFIX_ENTRIES)),
-            "momentum-grid": fraboni_grid("mom/", ("fedavg", "fedfix-delta_t=0.5")),
+            "f0-grid": fraboni_grid("f0/", tuple(FEDFIX_ENTRIES), FEDFIX_ENTRIES),
+            "momentum-grid": fraboni_grid("mom/", ("fedavg", "fedfix-delta_t=0.5"), FEDFIX_ENTRIES),
             "seeds": fedfix_seeds,
             "verdicts": fedfix_verdicts,
         },

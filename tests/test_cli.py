@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -223,7 +224,21 @@ def test_plot_keeps_runs_of_the_same_strategy_and_seed_apart(tmp_path, monkeypat
         assert runner.invoke(app, ["run", str(cfg), "--out", str(d), "-q"]).exit_code == 0
     res = runner.invoke(app, ["plot", *map(str, dirs), "--out", str(tmp_path / "x.png")])
     assert res.exit_code == 0, res.output
-    assert seen == [[f"fedavg (seed 3) · {c}/fedavg/seed-1" for c in "ab"]]  # (tiny_raw: seed 3)
+    assert seen == [[f"fedavg (seed 3) · {c}" for c in "ab"]]  # (tiny_raw: seed 3)
+
+
+def test_plot_labels_leave_out_what_every_run_shares():
+    """A line's label names what tells its folder apart, not the parts all share nor the
+    strategy's name again."""
+    from fedclock.cli import _distinct_names, _run_label
+
+    cells = (("fedavg", "0.1"), ("fedfix-delta_t=0.5", "0.1"), ("async-time-based", "0.001"))
+    dirs = [Path(f"/x/cmp/runs/{s}/lr-{lr}/seed-0") for s, lr in cells]
+    names = _distinct_names(dirs)
+    assert list(names.values()) == [f"{s}/lr-{lr}" for s, lr in cells]
+    assert _run_label("fedfix", 0, names[dirs[1]]) == "fedfix (seed 0) · delta_t=0.5/lr-0.1"
+    assert _run_label("fedavg", 0, names[dirs[0]]) == "fedavg (seed 0) · lr-0.1"
+    assert _distinct_names([dirs[0]]) == {dirs[0]: "seed-0"}
 
 
 def test_plot_draws_sweep_folders_side_by_side(tmp_path):

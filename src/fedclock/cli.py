@@ -1189,14 +1189,32 @@ def sweep(
 def _distinct_names(dirs: list[Path]) -> dict[Path, str]:
     """Each folder's shortest path suffix that no other folder shares (``a/fedavg/seed-1``
     and ``b/fedavg/seed-1`` are told apart by ``a/…`` and ``b/…``), so no line of a plot
-    overwrites another's."""
+    overwrites another's; the trailing parts every folder shares (``fedavg/seed-1``) are
+    left out of it, since they tell nothing apart."""
     parts = {d: d.resolve().parts for d in dict.fromkeys(dirs)}
     depth = 1
     while True:
-        names = {d: "/".join(p[-depth:]) for d, p in parts.items()}
+        names = {d: p[-depth:] for d, p in parts.items()}
         if len(set(names.values())) == len(names) or depth >= max(map(len, parts.values())):
-            return names
+            break
         depth += 1
+    common = 0
+    if len(names) > 1:
+        shortest = min(map(len, names.values()))
+        while common < shortest - 1 and len({n[-1 - common] for n in names.values()}) == 1:
+            common += 1
+    return {d: "/".join(n[: len(n) - common]) for d, n in names.items()}
+
+
+def _run_label(strategy: str, seed: object, name: str) -> str:
+    """A run's line in a plot: its strategy and seed, then what tells its folder apart
+    (without the strategy's name when the folder repeats it, as a cell's folder does)."""
+    first, sep, rest = name.partition("/")
+    if first == strategy and rest:
+        name = rest
+    elif first.startswith(strategy + "-"):
+        name = first[len(strategy) + 1 :] + sep + rest
+    return f"{strategy} (seed {seed}) · {name}"
 
 
 @app.command()
@@ -1299,7 +1317,7 @@ def plot(
             label = names[d]
             s = read_summary(d)  # (damaged: one sentence)
             if s is not None:
-                label = f"{s['strategy']} (seed {s['seed']}) · {names[d]}"
+                label = _run_label(str(s["strategy"]), s["seed"], names[d])
             metrics = read_metrics(d)
             for col in ("virtual_time", "aggregation"):
                 if metrics and col not in metrics:

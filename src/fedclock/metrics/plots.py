@@ -158,7 +158,7 @@ def plot_groups(
         handles, labels = ax_t.get_legend_handles_labels()
         fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
     else:
-        ax_t.legend(loc="lower right", fontsize=9)
+        ax_t.legend(loc="best", fontsize=9)
     if title:
         fig.suptitle(title)
     fig.tight_layout(rect=(0.0, (0.1 + 0.19 * rows) / height if many else 0.0, 1.0, 1.0))
