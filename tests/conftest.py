@@ -31,6 +31,19 @@ REPO = Path(__file__).resolve().parents[1]
 EQUIV_TOL = 1e6 * torch.finfo(torch.float64).eps
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """fedclock's cache folder (the report's packed plotly.js) is the session's, not the
+    user's ~/.cache; subprocesses inherit it."""
+    old = os.environ.get("FEDCLOCK_CACHE_DIR")
+    os.environ["FEDCLOCK_CACHE_DIR"] = str(tmp_path_factory.mktemp("fedclock-cache"))
+    yield
+    if old is None:
+        os.environ.pop("FEDCLOCK_CACHE_DIR", None)
+    else:
+        os.environ["FEDCLOCK_CACHE_DIR"] = old
+
+
 @contextlib.contextmanager
 def float64_default() -> Iterator[None]:
     """torch's default dtype is float64 inside: models built and random tensors drawn

@@ -613,3 +613,32 @@ def test_a_run_folder_with_a_damaged_file_still_has_the_rest_of_its_report(
     assert any("left out" in x and words in x for x in lines), lines
     page = (run / REPORT_FILE).read_text().split("<script", 1)[0]
     assert "Damaged files" in page and "Config" in page
+
+
+def test_the_packed_plotting_library_is_cached_and_a_damaged_cache_is_not_used(
+    tmp_path, monkeypatch
+):
+    """The report's plotly.js is packed once per plotly version into the cache folder; a
+    torn or foreign cache file is packed again and replaced; an unwritable cache folder
+    costs only the packing."""
+    import base64
+    import gzip
+
+    from plotly.offline import get_plotlyjs
+
+    from fedclock import report
+
+    pack = report._plotly_js_packed.__wrapped__
+    monkeypatch.setenv("FEDCLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    fresh = pack()
+    assert gzip.decompress(base64.b64decode(fresh)).decode("utf-8") == get_plotlyjs()
+    (cached,) = (tmp_path / "cache").glob("plotly-*.js.gz.b64")
+    assert cached.read_text() == fresh
+    cached.write_text(fresh[: len(fresh) // 2])  # (a write cut short)
+    assert pack() == fresh and cached.read_text() == fresh
+    cached.write_text("not base64 at all!")
+    assert pack() == fresh and cached.read_text() == fresh
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("FEDCLOCK_CACHE_DIR", str(blocked / "cache"))  # (a file in the way)
+    assert pack() == fresh

@@ -48,3 +48,25 @@ def test_every_strategy_has_its_summary() -> None:
     assert all(
         spec.summary and spec.summary == spec.options.summary for spec in STRATEGIES.values()
     )
+
+
+def test_a_whole_run_and_its_report_import_no_plotting_library(tmp_path) -> None:
+    """`fedclock run` — its progress bar's headline metric (fedclock.runs.tables) and its
+    report (plotly.js, read off metrics.csv) — imports neither matplotlib nor the
+    comparison machinery: they cost half a second of a short run's process."""
+    import yaml
+
+    from tests.conftest import tiny_raw
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_raw(budget={"aggregations": 2})))
+    code = (
+        "import sys\nfrom fedclock.cli import app\n"
+        f"try:\n    app(['run', {str(cfg)!r}, '--out', {str(tmp_path / 'run')!r}])\n"
+        "except SystemExit:\n    pass\n"
+        "print('IMPORTED:', *(n for n in ('matplotlib', 'fedclock.runs.compare')"
+        " if n in sys.modules), file=sys.stderr)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert (tmp_path / "run" / "report.html").is_file(), out.stderr[-800:]
+    assert out.stderr.strip().splitlines()[-1] == "IMPORTED:", out.stderr[-500:]

@@ -1257,13 +1257,8 @@ def plot(
     """Overlay accuracy vs virtual time and vs aggregation index for several runs; or, for
     sweep folders, one panel per sweep: the metric against the swept value per strategy."""
     from fedclock.errors import DataError
-    from fedclock.metrics.plots import (
-        plot_exits,
-        plot_groups,
-        plot_sweeps,
-        read_metrics,
-        read_table,
-    )
+    from fedclock.metrics.plots import plot_exits, plot_groups, plot_sweeps
+    from fedclock.metrics.readers import read_metrics, read_table
     from fedclock.runs import headline_metric
 
     with _user_errors():

@@ -140,7 +140,7 @@ class TensorBoardWriter:
 
 def export(run_dir: Path, log_dir: Path) -> None:
     """Write a finished run's scalars from its metrics.csv (the observer's, afterwards)."""
-    from fedclock.metrics.plots import read_metrics
+    from fedclock.metrics.readers import read_metrics
 
     cols = read_metrics(run_dir)
     if "aggregation" not in cols:

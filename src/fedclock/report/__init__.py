@@ -21,12 +21,14 @@ a sweep's show one per cell, of the cell's first seed.
 from __future__ import annotations
 
 import base64
+import contextlib
 import contextvars
 import functools
 import gzip
 import html
 import json
 import math
+import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,7 +79,7 @@ class _Run:
     out of its tables and curves)."""
 
     def __init__(self, folder: Path) -> None:
-        from fedclock.metrics.plots import read_metrics
+        from fedclock.metrics.readers import read_metrics
         from fedclock.metrics.recorder import read_summary
 
         self.folder = folder
@@ -136,7 +138,7 @@ def _seed_runs(folder: Path, seeds: Sequence[int] | None) -> list[_Run]:
 
 
 def _read_table(folder: Path) -> list[dict[str, Any]]:
-    from fedclock.metrics.plots import read_table
+    from fedclock.metrics.readers import read_table
 
     rows: list[dict[str, Any]] = []
     for r in read_table(folder):
@@ -248,7 +250,7 @@ def _band(
     """(grid, mean, std) of ``y`` against ``x`` over seeds: every seed's value in force at
     each point of the longest seed's ``x`` (evaluations of one config are at the same virtual
     times or aggregation indices, so this is exact there)."""
-    from fedclock.metrics.plots import step_interp
+    from fedclock.metrics.readers import step_interp
 
     have = [r for r in runs if x in r and y in r and len(r[x])]
     if not have:
@@ -815,11 +817,41 @@ catch(e){fail(e);}
 @functools.cache
 def _plotly_js_packed() -> str:
     """plotly.js from the ``plotly`` package, gzip-compressed (mtime 0: the same bytes on
-    every call) and base64-encoded: 4.8 MB of script in about 2 MB of page."""
+    every call) and base64-encoded: 4.8 MB of script in about 2 MB of page. Packing takes
+    about 0.1 s, so the packed text is kept in the user's cache folder (``cache_dir()``), one
+    file per plotly version, and used when its gzip trailer matches the script's length."""
+    import plotly
     from plotly.offline import get_plotlyjs
 
-    packed = gzip.compress(get_plotlyjs().encode("utf-8"), compresslevel=6, mtime=0)
-    return base64.b64encode(packed).decode("ascii")
+    script = get_plotlyjs().encode("utf-8")
+    cached = cache_dir() / f"plotly-{plotly.__version__}.js.gz.b64"
+    try:
+        text = cached.read_text(encoding="ascii")
+        # (gzip's last four bytes: the unpacked length mod 2^32 — a torn or foreign file fails)
+        if int.from_bytes(base64.b64decode(text[-8:])[-4:], "little") == len(script) % 2**32:
+            return text
+    except (OSError, ValueError):
+        pass
+    packed = gzip.compress(script, compresslevel=6, mtime=0)
+    text = base64.b64encode(packed).decode("ascii")
+    tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+    try:  # (whole or not at all; no cache where none can be written: the report needs none)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="ascii")
+        os.replace(tmp, cached)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    return text
+
+
+def cache_dir() -> Path:
+    """Where fedclock keeps what it can recompute: ``$FEDCLOCK_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/fedclock``, else ``~/.cache/fedclock``."""
+    if os.environ.get("FEDCLOCK_CACHE_DIR"):
+        return Path(os.environ["FEDCLOCK_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fedclock"
 
 
 def build_report(

@@ -24,7 +24,8 @@ import numpy as np
 from fedclock.config import ExperimentConfig
 from fedclock.errors import ConfigError
 from fedclock.experiment import RunResult, reusing_data
-from fedclock.metrics.plots import LOSS_PANELS, plot_groups, plot_loss_panels, read_metrics
+from fedclock.metrics.plots import LOSS_PANELS, plot_groups, plot_loss_panels
+from fedclock.metrics.readers import read_metrics
 from fedclock.runs.cache import reusable, run_cell, stale_reason
 from fedclock.runs.grid import (
     _cells,
