@@ -2600,6 +2600,100 @@ SALF_T2_PAPER = register(
     )
 )
 
+# Table II's MLP row under the local step's momentum: the authors' 0.5 (the preset) and the
+# paper's plain SGD (eq. 3), with each cell's loss from vanilla beside Table II's.
+SALF_MOMENTA = {"mom0.5/": "0.5 (preset)", "mom0/": "0"}
+SALF_MOM_METHODS = ("vanilla", "drop-stragglers", "salf")
+
+
+def _salf_mom_cell(res: Results, prefix: str, name: str, ratio: float) -> tuple[float, float]:
+    """(mean accuracy over the seeds, its loss from vanilla in points)."""
+    seeds = _salf_seeds(res)
+    acc = statistics.mean(res.per_seed(f"{prefix}{name}@{ratio:g}", "acc", seeds))
+    vanilla = statistics.mean(res.per_seed(f"{prefix}vanilla@{ratio:g}", "acc", seeds))
+    return acc, 100 * (acc - vanilla)
+
+
+def salf_momentum_table(res: Results) -> str:
+    seeds = _salf_seeds(res)
+    rows = []
+    for name in SALF_MOM_METHODS:
+        for prefix, label in SALF_MOMENTA.items():
+            cells = []
+            for ratio in SALF_RATIOS:
+                vals = res.per_seed(f"{prefix}{name}@{ratio:g}", "acc", seeds)
+                drop = _salf_mom_cell(res, prefix, name, ratio)[1]
+                loss = "" if name == "vanilla" else f" ({signed(drop, 1)})"
+                cells.append(mean_sd(vals, scale=1.0, digits=3) + loss)
+            rows.append([name, label, *cells])
+        paper = SALF_PAPER[name]
+        assert paper is not None
+        cells = [
+            f"{p:.2f}" + ("" if name == "vanilla" else f" ({signed(100 * (p - v), 0)})")
+            for p, v in zip(paper, SALF_PAPER["vanilla"], strict=True)
+        ]
+        rows.append([name, "Table II", *cells])
+    return table_md(["method", "momentum", *[f"ρ={r:g}" for r in SALF_RATIOS]], rows)
+
+
+def salf_momentum_verdicts(res: Results) -> str:
+    between, near = [], {p: [] for p in SALF_MOMENTA}
+    for name in ("drop-stragglers", "salf"):
+        paper = SALF_PAPER[name]
+        assert paper is not None
+        for i, ratio in enumerate(SALF_RATIOS):
+            hi = _salf_mom_cell(res, "mom0.5/", name, ratio)[0]
+            lo = _salf_mom_cell(res, "mom0/", name, ratio)[0]
+            if ratio >= 0.5:
+                between.append(lo <= paper[i] <= hi)
+            for prefix in SALF_MOMENTA:
+                drop = _salf_mom_cell(res, prefix, name, ratio)[1]
+                near[prefix].append(abs(drop - 100 * (paper[i] - SALF_PAPER["vanilla"][i])) <= 3)
+    vanilla = {p: _salf_mom_cell(res, p, "vanilla", SALF_RATIOS[0])[0] for p in SALF_MOMENTA}
+    return "\n".join(
+        [
+            f"- **Table II between the two settings** (plain SGD ≤ Table II ≤ momentum 0.5) in "
+            f"{sum(between)} of {len(between)} drop-stragglers and SALF cells at ρ ≥ 0.5.",
+            "- **Losses from vanilla within 3 points of Table II's**: "
+            + "; ".join(
+                f"momentum {label}: {sum(near[p])} of {len(near[p])} cells"
+                for p, label in SALF_MOMENTA.items()
+            )
+            + ".",
+            "- **Vanilla against Table II's 0.90**: "
+            + "; ".join(
+                f"momentum {label}: {signed(100 * (vanilla[p] - 0.90), 1)} points"
+                for p, label in SALF_MOMENTA.items()
+            )
+            + ".",
+        ]
+    )
+
+
+SALF_MOMENTUM = register(
+    Table(
+        name="salf-mlp-momentum",
+        page="salf.md",
+        seeds=(1234, 1, 2),
+        prelude='C="-q --set executor.threads=1 --strategies vanilla,drop-stragglers,salf"',
+        commands=(
+            "fedclock sweep --preset salf-table2-mlp --data-dir {data} --seeds {seeds} $C "
+            "--out {root}/salf-mlp-ref",
+            "fedclock sweep --preset salf-table2-mlp --data-dir {data} --seeds {seeds} $C "
+            "--set train.momentum=0 --out {root}/salf-mlp-mom0",
+        ),
+        collect=salf_sweep_collect(
+            {"salf-mlp-ref": "mom0.5/", "salf-mlp-mom0": "mom0/"},
+            "population.straggler_ratio",
+            SALF_RATIOS,
+            "val_best_test_accuracy",
+        ),
+        blocks={"table": salf_momentum_table, "verdicts": salf_momentum_verdicts},
+        tolerance={"acc": 0.005},
+    )
+)
+
+
 # Fig. 5 analogue: final test accuracy against the deadline t_max (CNN, deadline scenario)
 SALF_DEADLINES = (0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.012, 0.024)
 SALF_MODES = {"paper/": "paper mode", "ref/": "reference mode (`salf.charge: suffix`)"}
