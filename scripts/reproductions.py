@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import functools
 import itertools
 import json
 import math
@@ -1966,18 +1967,18 @@ FRABONI_WEIGHTS = ("async-identical", "async-time-based")
 FRABONI_WEIGHTS_TIMES = (2.0, 5.0, 10.0, 20.0, 50.0)  # the early part of the curves
 
 
-def _weights_rate(res: Results) -> str:
+def _weights_rate(res: Results, prefix: str = "") -> str:
     """The rate tuned on Identical, used for both (compare.lr_tune_on), as in the paper."""
-    return best_rate(res, "", "async-identical", _fraboni_seeds(res))
+    return best_rate(res, prefix, "async-identical", _fraboni_seeds(res))
 
 
-def fraboni_weights_table(res: Results) -> str:
-    seeds, lr = _fraboni_seeds(res), _weights_rate(res)
+def fraboni_weights_table(res: Results, prefix: str = "") -> str:
+    seeds, lr = _fraboni_seeds(res), _weights_rate(res, prefix)
     rows = []
     for e in FRABONI_WEIGHTS:
 
         def per(metric: str, e: str = e) -> list[float]:
-            return res.per_seed(f"{e}@{lr}", metric, seeds)
+            return res.per_seed(f"{prefix}{e}@{lr}", metric, seeds)
 
         rows.append(
             [
@@ -1999,11 +2000,11 @@ def fraboni_weights_table(res: Results) -> str:
     )
 
 
-def fraboni_weights_seeds(res: Results) -> str:
-    seeds, lr = _fraboni_seeds(res), _weights_rate(res)
+def fraboni_weights_seeds(res: Results, prefix: str = "") -> str:
+    seeds, lr = _fraboni_seeds(res), _weights_rate(res, prefix)
     rows = []
     for s in seeds:
-        i, t = (f"{e}@{lr}" for e in FRABONI_WEIGHTS)
+        i, t = (f"{prefix}{e}@{lr}" for e in FRABONI_WEIGHTS)
         rows.append(
             [
                 str(s),
@@ -2019,9 +2020,9 @@ def fraboni_weights_seeds(res: Results) -> str:
     )
 
 
-def fraboni_weights_verdicts(res: Results) -> str:
-    seeds, lr = _fraboni_seeds(res), _weights_rate(res)
-    i, t = (f"{e}@{lr}" for e in FRABONI_WEIGHTS)
+def fraboni_weights_verdicts(res: Results, prefix: str = "") -> str:
+    seeds, lr = _fraboni_seeds(res), _weights_rate(res, prefix)
+    i, t = (f"{prefix}{e}@{lr}" for e in FRABONI_WEIGHTS)
 
     def diff(metric: str, a: str, b: str) -> list[float]:
         return [
@@ -2033,9 +2034,9 @@ def fraboni_weights_verdicts(res: Results) -> str:
 
     lower_at = [
         r
-        for r in _rates(res, "", "async-identical")
-        if _selection(res, f"async-time-based@{r}", seeds)
-        < _selection(res, f"async-identical@{r}", seeds)
+        for r in _rates(res, prefix, "async-identical")
+        if _selection(res, f"{prefix}async-time-based@{r}", seeds)
+        < _selection(res, f"{prefix}async-identical@{r}", seeds)
     ]
     return "\n".join(
         [
@@ -2043,7 +2044,7 @@ def fraboni_weights_verdicts(res: Results) -> str:
             f"{in_seeds(diff('fed', i, t))} at η_l = {lr} (Identical − Time-based: "
             f"{slash(signed(x, 4) for x in diff('fed', i, t))}); on the mean over seeds at "
             f"η_l = {', '.join(lower_at) or 'no rate'} of the grid "
-            f"({', '.join(_rates(res, '', 'async-identical'))}).",
+            f"({', '.join(_rates(res, prefix, 'async-identical'))}).",
             f"- **Identical is better on the participation-weighted (surrogate) problem it "
             f"samples**: in {in_seeds(diff('part', t, i))} (Time-based − Identical: "
             f"{slash(signed(x, 4) for x in diff('part', t, i))}).",
@@ -2081,13 +2082,20 @@ FRABONI_WEIGHTS_TABLE = register(
         commands=(
             "fedclock compare --preset fraboni-weights --data-dir {data} --lr-grid preset "
             "--seeds {seeds} $C --out {root}/fraboni-weights",
+            "fedclock compare --preset fraboni-weights --data-dir {data} --lr-grid preset "
+            "--seeds {seeds} $C --set partition.scheme=iid --out {root}/fraboni-weights-iid",
         ),
-        collect=fraboni_collect({"fraboni-weights": ""}, times=FRABONI_WEIGHTS_TIMES),
+        collect=fraboni_collect(
+            {"fraboni-weights": "", "fraboni-weights-iid": "iid/"}, times=FRABONI_WEIGHTS_TIMES
+        ),
         blocks={
             "table": fraboni_weights_table,
             "seeds": fraboni_weights_seeds,
             "grid": fraboni_grid("", FRABONI_WEIGHTS),
             "verdicts": fraboni_weights_verdicts,
+            "iid-table": functools.partial(fraboni_weights_table, prefix="iid/"),
+            "iid-grid": fraboni_grid("iid/", FRABONI_WEIGHTS),
+            "iid-verdicts": functools.partial(fraboni_weights_verdicts, prefix="iid/"),
         },
         tolerance={**FRABONI_TOLERANCE, "fed_sd_time": 0.002},
     )
@@ -2218,7 +2226,15 @@ FEDFIX_ENTRIES = {
     "fedbuff-buffer_size=5": "fedbuff:buffer_size=5",
 }
 #: the settings: cell prefix → label
-FEDFIX_SETTINGS = {"f80/": "F80", "f0/": "F0", "mom/": "F80, local momentum 0.9"}
+FEDFIX_SETTINGS = {
+    "f80/": "F80",
+    "f0/": "F0",
+    "m50/": "F80, M = 50",
+    "mom/": "F80, local momentum 0.9",
+}
+#: Appendix D's rates: below the others' best, where the paper expects asynchronous FedAvg
+#: ahead of FedFix ahead of synchronous FedAvg
+FEDFIX_SMALL_RATES = ("0.0003", "0.001", "0.003")
 _FEDFIX_FOLDERS = {
     "fedfix": "f80/",
     "fedfix-async-low": "f80/",
@@ -2227,6 +2243,9 @@ _FEDFIX_FOLDERS = {
     "fedfix-f0-fedavg-eta2": "eta2/",
     "fedfix-mom": "mom/",
     "fedfix-mom-fedavg-high": "mom/",
+    "fedfix-appd": "f80/",
+    "fedfix-m50": "m50/",
+    "fedfix-m50-low": "m50/",
 }
 
 
@@ -2361,6 +2380,28 @@ def fedfix_verdicts(res: Results) -> str:
         f"- **With local momentum 0.9 (the authors' code), F80**: FedFix-0.5 below FedAvg "
         f"{lower('mom/', fix, avg)}.",
     ]
+    if _rates(res, "m50/", fix):
+        lines.append(
+            f"- **M = 50, F80: FedFix-0.5 below synchronous FedAvg** {lower('m50/', fix, avg)}; "
+            f"asynchronous FedAvg below FedAvg {lower('m50/', asy, avg)}."
+        )
+    small = []
+    for lr in FEDFIX_SMALL_RATES:
+        sel = [_selection(res, f"f80/{e}@{lr}", seeds) for e in (asy, fix, avg)]
+        if any(math.isnan(x) for x in sel) or not all(
+            any(res.values.get((f"f80/{e}@{lr}", s, "diverged")) is not None for s in seeds)
+            for e in (asy, fix, avg)
+        ):
+            continue
+        text = slash("div." if math.isinf(x) else f"{x:.3f}" for x in sel)
+        order = sel[0] < sel[1] < sel[2]
+        small.append(f"η_l = {lr}: {text} ({'in that order' if order else 'not in that order'})")
+    if small:
+        lines.append(
+            "- **Appendix D: with a small enough η_l, asynchronous FedAvg ahead of FedFix ahead "
+            "of synchronous FedAvg** (F80, federated loss, mean over seeds, async / FedFix / "
+            "FedAvg at the same rate): " + "; ".join(small) + "."
+        )
     return "\n".join(lines)
 
 
@@ -2385,6 +2426,12 @@ FRABONI_FEDFIX = register(
             "--lr-grid 0.001,0.003,0.01,0.03 --set train.momentum=0.9 --out {root}/fedfix-mom",
             "fedclock compare $F --seeds {seeds} --strategies fedavg --lr-grid 0.1 --set train.momentum=0.9 "
             "--out {root}/fedfix-mom-fedavg-high",
+            "fedclock compare $F --seeds {seeds} --strategies fedavg,fedfix:delta_t=0.5 "
+            "--lr-grid 0.0003,0.001 --out {root}/fedfix-appd",
+            "fedclock compare $F --seeds {seeds} --lr-grid preset --set partition.num_clients=50 "
+            "--out {root}/fedfix-m50",
+            "fedclock compare $F --seeds {seeds} --strategies async-time-based,fedbuff:buffer_size=5 "
+            "--lr-grid 0.0001,0.0003,0.001 --set partition.num_clients=50 --out {root}/fedfix-m50-low",
         ),
         collect=fedfix_collect,
         blocks={
@@ -2393,6 +2440,8 @@ FRABONI_FEDFIX = register(
             "f0": fedfix_table("f0/"),
             "f0-grid": fraboni_grid("f0/", tuple(FEDFIX_ENTRIES), FEDFIX_ENTRIES),
             "momentum-grid": fraboni_grid("mom/", ("fedavg", "fedfix-delta_t=0.5"), FEDFIX_ENTRIES),
+            "m50": fedfix_table("m50/"),
+            "m50-grid": fraboni_grid("m50/", tuple(FEDFIX_ENTRIES), FEDFIX_ENTRIES),
             "seeds": fedfix_seeds,
             "verdicts": fedfix_verdicts,
         },
