@@ -1649,13 +1649,23 @@ CIS_T2_PAPER = {
 }
 
 
+#: Serving Rate in paper mode with one departure of the reference mode switched on (the
+#: ablation of Table 2's ε effect): folder suffix → the switch
+CIS_T2_SWITCHES = {
+    "heads": "`lower_heads: root`",
+    "root": "`root_in_place: true`",
+    "momentum": "`momentum_state: node`",
+}
+
+
 def cis_t2_collect(root: Path) -> dict[Key, float]:
-    """Per run: the routed CIS accuracy at 80-15-5 and each exit's accuracy."""
+    """Per run: the routed CIS accuracy at 80-15-5 and each exit's accuracy; cells
+    ``FOLDER/STRATEGY/VALUE`` (the swept ε, or the p factor of the ablation)."""
     out: dict[Key, float] = {}
-    for mode in CIS_T2_MODES:
+    for mode in (*CIS_T2_MODES, *CIS_T2_SWITCHES, "pfactor"):
         for run, seed in seed_dirs(root / f"cis-t2-{mode}", "runs/*/*/seed-*"):
             summary = json.loads((run / "summary.json").read_text())
-            eps = run.parent.name.removeprefix("strategy.epsilon=")
+            eps = run.parent.name.split("=", 1)[1]
             cell = f"{mode}/{run.parent.parent.name}/{eps}"
             out[(cell, seed, "cis")] = float(summary["cis_accuracy"])
             for i, e in enumerate(EXITS, 1):
@@ -1726,7 +1736,94 @@ def cis_t2_verdicts(res: Results) -> str:
     return table_md(header, rows)
 
 
+def _cis_cell(res: Results, cell: str, seeds: list[int]) -> tuple[str, str]:
+    """(CIS % mean ± sd with the per-seed values, exits 1 / 2 / 3 % as means)."""
+    exits = slash(pct(statistics.mean(res.per_seed(cell, f"exit{i}", seeds)), 1) for i in (1, 2, 3))
+    return _pm(res, cell, seeds), exits
+
+
+def _pm(res: Results, cell: str, seeds: list[int]) -> str:
+    vals = res.per_seed(cell, "cis", seeds)
+    return f"{mean_sd(vals, digits=1)} ({slash(pct(v, 1) for v in vals)})"
+
+
+#: the p-factor ablation's rows: (label, cell)
+CIS_T2_PFACTOR = (
+    ("ε = 0", "paper/cis-serving/0"),
+    ("ε = 0.2, divided by p (Algorithm 1)", "paper/cis-serving/0.2"),
+    ("ε = 0.2, no p factor", "pfactor/cis-serving/none"),
+    ("ε = 0.2, multiplied by p (the authors' factor)", "pfactor/cis-serving/multiply"),
+)
+
+
+def cis_t2_pfactor(res: Results) -> str:
+    seeds = _cis_t2_seeds(res)
+    rows = [[label, *_cis_cell(res, cell, seeds)] for label, cell in CIS_T2_PFACTOR]
+    return table_md(["Serving Rate, paper mode", "CIS % (seeds)", "exits 1 / 2 / 3 % (mean)"], rows)
+
+
+def cis_t2_switches(res: Results) -> str:
+    """Each departure alone in paper mode, ε = 0 and 0.2; Algorithm 1 and the reference mode
+    (all departures) around them."""
+    seeds = _cis_t2_seeds(res)
+    rows = []
+    for label, mode in (
+        ("none (Algorithm 1)", "paper"),
+        *[(switch, m) for m, switch in CIS_T2_SWITCHES.items()],
+        ("all (reference mode)", "ref"),
+    ):
+        a, b = f"{mode}/cis-serving/0.2", f"{mode}/cis-serving/0"
+        d = paired_points(res, a, b, "cis", seeds)
+        rows.append(
+            [
+                label,
+                _pm(res, b, seeds),
+                _pm(res, a, seeds),
+                f"{spread(d)} ({sign_verdict(d, 1)})",
+                _cis_cell(res, a, seeds)[1],
+            ]
+        )
+    header = ["switch (alone, in paper mode)", "ε = 0", "ε = 0.2",
+              "ε = 0.2 − ε = 0, points (lift)", "exits 1 / 2 / 3 % at ε = 0.2 (mean)"]  # fmt: skip
+    return table_md(header, rows)
+
+
+def cis_t2_ablation_verdicts(res: Results) -> str:
+    seeds = _cis_t2_seeds(res)
+
+    def mean(cell: str) -> float:
+        return statistics.mean(res.per_seed(cell, "cis", seeds))
+
+    eps = [(label, mean(cell)) for label, cell in CIS_T2_PFACTOR[1:]]
+    order = sorted(eps, key=lambda x: -x[1])
+    base = mean("paper/cis-serving/0")
+    lines = [
+        "- **ε = 0.2 in paper mode, by p factor** (mean CIS %): "
+        + " > ".join(f"{label.split(', ', 1)[1]} {pct(v, 1)}" for label, v in order)
+        + f"; every one below ε = 0 ({pct(base, 1)}): "
+        + ("yes" if all(v < base for _, v in eps) else "no")
+        + "."
+    ]
+    lifted = []
+    for m, switch in CIS_T2_SWITCHES.items():
+        d = paired_points(res, f"{m}/cis-serving/0.2", f"{m}/cis-serving/0", "cis", seeds)
+        lifted.append(f"{switch}: {sign_verdict(d, 1)} ({sum(x > 0 for x in d)} of {len(d)})")
+    lines.append(
+        "- **Does one departure alone turn ε = 0.2 into a lift?** Seeds in which ε = 0.2 "
+        "lifts Serving, per switch: " + "; ".join(lifted) + "."
+    )
+    best = max((mean(f"{m}/cis-serving/{e}"), m, e)
+               for m in ("paper", "ref", *CIS_T2_SWITCHES) for e in CIS_T2_EPS)  # fmt: skip
+    label = {"paper": "Algorithm 1", "ref": "reference mode", **CIS_T2_SWITCHES}[best[1]]
+    lines.append(
+        f"- **The best Serving Rate configuration measured**: {label} at ε = {best[2]}, "
+        f"{pct(best[0], 1)} % (mean of the seeds)."
+    )
+    return "\n".join(lines)
+
+
 _T2 = "fedclock sweep --preset cis-table2 --data-dir {data} --seeds {seeds} $C"
+_T2S = _T2 + " --strategies cis-serving"
 CIS_T2 = register(
     Table(
         name="cis-t2",
@@ -1739,9 +1836,21 @@ CIS_T2 = register(
         commands=(
             _T2 + " --out {root}/cis-t2-paper",
             _T2 + " --set strategy.mode=reference --out {root}/cis-t2-ref",
+            _T2S + " --set strategy.epsilon=0.2 --over strategy.p_factor=none,multiply "
+            "--out {root}/cis-t2-pfactor",
+            _T2S + " --set strategy.lower_heads=root --out {root}/cis-t2-heads",
+            _T2S + " --set strategy.root_in_place=true --out {root}/cis-t2-root",
+            _T2S + " --set strategy.momentum_state=node --out {root}/cis-t2-momentum",
         ),
         collect=cis_t2_collect,
-        blocks={"table": cis_t2_table, "exits": cis_t2_exits, "verdicts": cis_t2_verdicts},
+        blocks={
+            "table": cis_t2_table,
+            "exits": cis_t2_exits,
+            "verdicts": cis_t2_verdicts,
+            "pfactor": cis_t2_pfactor,
+            "switches": cis_t2_switches,
+            "ablation-verdicts": cis_t2_ablation_verdicts,
+        },
         tolerance={"cis": 0.005, "exit": 0.005},
     )
 )
