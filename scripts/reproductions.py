@@ -2680,10 +2680,18 @@ def salf_verdicts_for(prefix: str = "") -> Callable[[Results], str]:
                     if m in _salf_methods(res, prefix)]  # fmt: skip
         at = [res.per_seed(f"{prefix}{m}@0.9", "acc", seeds) for m in order_of]
         order = [all(a >= b for a, b in itertools.pairwise(col)) for col in zip(*at, strict=True)]
+        pairs = [
+            f"{SALF_LABELS[a]} ≥ {SALF_LABELS[b]} in "
+            f"{sum(x >= y for x, y in zip(xs, ys, strict=True))} of {len(xs)}"
+            for (a, xs), (b, ys) in [
+                *itertools.pairwise(zip(order_of, at, strict=True)),
+                *([((order_of[0], at[0]), (order_of[-1], at[-1]))] if len(at) > 2 else []),
+            ]
+        ]
         lines.append(
             f"- **{' ≥ '.join(SALF_LABELS[m] for m in order_of)} at ρ = 0.9**: "
-            f"{'holds' if all(order) else 'mixed' if any(order) else 'fails'} in "
-            f"{sum(order)} of {len(order)} seeds."
+            f"{'holds' if all(order) else 'mixed' if any(order) else 'fails'} (the whole "
+            f"order in {sum(order)} of {len(order)} seeds; " + "; ".join(pairs) + ")."
         )
         return "\n".join(lines)
 
