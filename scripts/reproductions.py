@@ -2904,13 +2904,21 @@ def salf_deadline_verdicts(res: Results) -> str:
             o = max(res.get(f"{prefix}{m}@{t:g}", seed, "acc") for m in others)
             (wins if s > o else ties if s == o else []).append(f"{1000 * t:g}")
         vanilla = res.get(f"{prefix}vanilla@{SALF_DEADLINES[0]:g}", seed, "acc")
-        gaps = [100 * (res.get(f"{prefix}salf@{t:g}", seed, "acc") - vanilla)
-                for t in SALF_DEADLINES]  # fmt: skip
+        gaps = [
+            100 * (res.get(f"{prefix}salf@{t:g}", seed, "acc") - vanilla) for t in SALF_DEADLINES
+        ]
+        drops = [
+            100 * (res.get(f"{prefix}drop-stragglers@{t:g}", seed, "acc") - vanilla)
+            for t in SALF_DEADLINES
+        ]
+
         lines.append(
             f"- **{label}**: SALF is the best of the four deadline methods at t_max = "
             f"{', '.join(wins) or 'none'} ms"
             + (f" (level with the best at {', '.join(ties)} ms)" if ties else "")
-            + f"; SALF − vanilla: {slash(signed(g, 1) for g in gaps)} points."
+            + f"; SALF − vanilla: {slash(signed(g, 1) for g in gaps)} points; drop-stragglers "
+            f"− vanilla: {slash(signed(g, 1) for g in drops)} points (t_max = "
+            f"{slash(f'{1000 * t:g}' for t in SALF_DEADLINES)} ms)."
         )
     return "\n".join(lines)
 
