@@ -1259,9 +1259,10 @@ def fedraa_sweep_verdicts(res: Results) -> str:
             f"- **{claim}**: the mean time to 93 % rises at {len(rising)} of "
             f"{len(values) - 1} steps of {symbol} ({', '.join(rising) or 'none'}); "
             f"{symbol} = {values[-1]:g} against {values[0]:g}: "
-            f"{slash(signed(x, 0) for x in slower)} s ({sign_verdict(slower, 1)} slower), "
-            f"accuracy at {FEDRAA_SWEEP_END:g} s {slash(signed(x) for x in gain)} points "
-            f"({sign_verdict(gain, -1)} lower)."
+            f"{slash(signed(x, 0) for x in slower)} s to 93 % (slower: "
+            f"**{sign_verdict(slower, 1)}**), accuracy at {FEDRAA_SWEEP_END:g} s "
+            f"{slash(signed(x) for x in gain)} points (no higher: "
+            f"**{'holds' if all(g <= 0 for g in gain) else sign_verdict(gain, -1)}**)."
         )
     return "\n".join(lines)
 
