@@ -2924,40 +2924,30 @@ def salf_deadline_verdicts(res: Results) -> str:
     return "\n".join(lines)
 
 
-SALF_DEADLINE = register(
-    Table(
-        name="salf-deadline",
-        page="salf.md",
-        seeds=(1234,),
-        prelude='C="-q --set executor.threads=1"',
-        commands=(
-            "fedclock sweep --preset salf-deadline-sweep --data-dir {data} --seeds {seeds} $C "
-            "--out {root}/salf-deadline",
-        ),
-        collect=salf_sweep_collect(
-            {"salf-deadline": "paper/"}, "strategy.t_max", SALF_DEADLINES, "final_test_accuracy"
-        ),
-        blocks={"table": salf_deadline_table("paper/"), "verdicts": salf_deadline_verdicts},
-        tolerance={"acc": 0.005},
+def _salf_deadline_table(name: str, prefix: str, sets: str) -> Table:
+    """One mode's deadline sweep (``sets``: its --set options) as a table of its own."""
+    return register(
+        Table(
+            name=name,
+            page="salf.md",
+            seeds=(1234,),
+            prelude='C="-q --set executor.threads=1"',
+            commands=(
+                "fedclock sweep --preset salf-deadline-sweep --data-dir {data} --seeds {seeds} "
+                f"$C {sets}--out {{root}}/{name}",
+            ),
+            collect=salf_sweep_collect(
+                {name: prefix}, "strategy.t_max", SALF_DEADLINES, "final_test_accuracy"
+            ),
+            blocks={"table": salf_deadline_table(prefix), "verdicts": salf_deadline_verdicts},
+            tolerance={"acc": 0.005},
+        )
     )
-)
 
-SALF_DEADLINE_REF = register(
-    Table(
-        name="salf-deadline-ref",
-        page="salf.md",
-        seeds=(1234,),
-        prelude='C="-q --set executor.threads=1"',
-        commands=(
-            "fedclock sweep --preset salf-deadline-sweep --data-dir {data} --seeds {seeds} $C "
-            "--set salf.mode=reference --set salf.charge=suffix --out {root}/salf-deadline-ref",
-        ),
-        collect=salf_sweep_collect(
-            {"salf-deadline-ref": "ref/"}, "strategy.t_max", SALF_DEADLINES, "final_test_accuracy"
-        ),
-        blocks={"table": salf_deadline_table("ref/"), "verdicts": salf_deadline_verdicts},
-        tolerance={"acc": 0.005},
-    )
+
+SALF_DEADLINE = _salf_deadline_table("salf-deadline", "paper/", "")
+SALF_DEADLINE_REF = _salf_deadline_table(
+    "salf-deadline-ref", "ref/", "--set salf.mode=reference --set salf.charge=suffix "
 )
 
 
