@@ -238,6 +238,13 @@ def test_plot_labels_leave_out_what_every_run_shares():
     assert list(names.values()) == [f"{s}/lr-{lr}" for s, lr in cells]
     assert _run_label("fedfix", 0, names[dirs[1]]) == "fedfix (seed 0) · delta_t=0.5/lr-0.1"
     assert _run_label("fedavg", 0, names[dirs[0]]) == "fedavg (seed 0) · lr-0.1"
+    # a folder named only by its strategy (one cell per comparison) adds nothing to the label
+    two = [Path(f"/x/t-{s}/runs/{s}/seed-1") for s in ("fed-raa", "fedavg")]
+    names = _distinct_names(two)
+    assert [_run_label(s, 1, names[d]) for s, d in zip(("fed-raa", "fedavg"), two)] == [
+        "fed-raa (seed 1)",
+        "fedavg (seed 1)",
+    ]
     assert _distinct_names([dirs[0]]) == {dirs[0]: "seed-0"}
 
 

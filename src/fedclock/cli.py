@@ -1210,11 +1210,11 @@ def _run_label(strategy: str, seed: object, name: str) -> str:
     """A run's line in a plot: its strategy and seed, then what tells its folder apart
     (without the strategy's name when the folder repeats it, as a cell's folder does)."""
     first, sep, rest = name.partition("/")
-    if first == strategy and rest:
+    if first == strategy:
         name = rest
     elif first.startswith(strategy + "-"):
         name = first[len(strategy) + 1 :] + sep + rest
-    return f"{strategy} (seed {seed}) · {name}"
+    return f"{strategy} (seed {seed})" + (f" · {name}" if name else "")
 
 
 @app.command()
