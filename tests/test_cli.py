@@ -241,7 +241,9 @@ def test_plot_labels_leave_out_what_every_run_shares():
     # a folder named only by its strategy (one cell per comparison) adds nothing to the label
     two = [Path(f"/x/t-{s}/runs/{s}/seed-1") for s in ("fed-raa", "fedavg")]
     names = _distinct_names(two)
-    assert [_run_label(s, 1, names[d]) for s, d in zip(("fed-raa", "fedavg"), two)] == [
+    assert [
+        _run_label(s, 1, names[d]) for s, d in zip(("fed-raa", "fedavg"), two, strict=True)
+    ] == [
         "fed-raa (seed 1)",
         "fedavg (seed 1)",
     ]

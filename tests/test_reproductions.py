@@ -278,3 +278,68 @@ def test_collect_merge_keeps_the_seeds_not_rerun(tmp_path: Path) -> None:
             assert res.values[key] == value or (math.isnan(value) and math.isnan(res.values[key]))
     only = rep.collect("client-drift", tmp_path / "root", "abc1234", None, pages)
     assert {k[:2] for k in only.values} == {("fedavg", 1)}
+
+
+def test_authors_loop_lines_become_cells_by_hand(tmp_path: Path) -> None:
+    """The SALF loop's JSON lines: a run's cell is its method at its ρ (vanilla alone); an
+    init-swap run at seed s from seed 1234's initial model is ``init1234/…`` at s, and seed
+    1234's draws from seed s's initial model ``draws1234/…`` at s; re-drawn runs ``redraw/…``."""
+    d = tmp_path / "authors-rng"
+    d.mkdir()
+
+    def line(method: str, ratio: float, seed: int, acc: float, **extra: object) -> str:
+        row = {"model": "mlp", "method": method, "ratio": ratio, "seed": seed,
+               "val_best_test_accuracy": acc, "final_test_accuracy": acc - 0.01, **extra}  # fmt: skip
+        return json.dumps(row)
+
+    (d / "authors-rng-mlp.jsonl").write_text(
+        "\n".join([line("vanilla", 0.0, 1234, 0.9), line("drop", 0.7, 1, 0.8)]) + "\n"
+    )
+    (d / "init-swap.jsonl").write_text(
+        "\n".join(
+            [line("salf", 0.9, 3, 0.85, init_seed=1234), line("salf", 0.9, 1234, 0.84, init_seed=3)]
+        )
+    )
+    (d / "redraw-mlp.jsonl").write_text(line("drop", 0.9, 2, 0.5, redraw=True))
+    got = rep.salf_loop_collect("mlp")(tmp_path)
+    assert got == {
+        ("vanilla", 1234, "acc"): 0.9,
+        ("vanilla", 1234, "final"): 0.9 - 0.01,
+        ("drop-stragglers@0.7", 1, "acc"): 0.8,
+        ("drop-stragglers@0.7", 1, "final"): 0.8 - 0.01,
+        ("init1234/salf@0.9", 3, "acc"): 0.85,
+        ("init1234/salf@0.9", 3, "final"): 0.85 - 0.01,
+        ("draws1234/salf@0.9", 3, "acc"): 0.84,
+        ("draws1234/salf@0.9", 3, "final"): 0.84 - 0.01,
+        ("redraw/drop-stragglers@0.9", 2, "acc"): 0.5,
+        ("redraw/drop-stragglers@0.9", 2, "final"): 0.5 - 0.01,
+    }
+    # the CNN table reads only its own model's files
+    assert rep.salf_loop_collect("cnn")(tmp_path) == {}
+
+
+def test_fedraa_loop_verdict_by_hand(tmp_path: Path) -> None:
+    """The Fed-RAA loop against fedclock's reference mode: per-seed differences of the time to
+    93 % and the FedAvg ÷ Gre-RAA ratios (hand-computed: 90/180 → 2.0, 88/176 → 2.0)."""
+    (tmp_path / "fedraa-loop").mkdir()
+    rows = [
+        {"method": "gre-raa", "seed": 1, "time_to_target": 90.0, "accuracy_at_end": 0.95},
+        {"method": "fedavg", "seed": 1, "time_to_target": 180.0, "accuracy_at_end": 0.96},
+    ]
+    (tmp_path / "fedraa-loop" / "fedraa-loop.jsonl").write_text(
+        "\n".join(map(json.dumps, rows)) + "\n"
+    )
+    res = rep.Results("fedraa-authors-loop", rep.fedraa_loop_collect(tmp_path))
+    ours = rep.Results(
+        "fedraa-t5-reference", {("fed-raa", 1, "t93"): 88.0, ("fedavg", 1, "t93"): 176.0}
+    )
+    saved = rep.load
+    try:
+        rep.load = lambda name, pages=rep.PAGES: ours  # type: ignore[assignment]
+        text = rep.fedraa_loop_verdict(res)
+        table = rep.fedraa_loop_table(res)
+    finally:
+        rep.load = saved
+    assert "−2.0 / −4.0 s" in text and "2.00× in the loop, 2.00× in fedclock" in text
+    assert "**The two implementations agree**" in text
+    assert "| authors' loop (script) | 90.0 | 180.0 | 2.00 |" in table

@@ -619,6 +619,20 @@ def test_splitmix64_array_equals_the_scalar_mixer(z: int) -> None:
 
 
 @given(
+    keys=st.lists(st.integers(min_value=0, max_value=2**64 - 1), min_size=1, max_size=4),
+    positions=st.lists(st.integers(min_value=0, max_value=2**40), min_size=1, max_size=5),
+)
+def test_splitmix64_grid_equals_the_scalar_stream(keys: list[int], positions: list[int]) -> None:
+    """Draw ``positions[j]`` of the stream of ``keys[i]``, as `splitmix64_at` gives it."""
+    from fedclock.rng import splitmix64_at, splitmix64_grid
+
+    got = splitmix64_grid(np.array(keys, dtype=np.uint64), np.array(positions, dtype=np.uint64))
+    assert [[int(v) for v in row] for row in got] == [
+        [splitmix64_at(k, p) for p in positions] for k in keys
+    ]
+
+
+@given(
     seed=st.integers(min_value=0, max_value=2**40),
     ids=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)), min_size=1, max_size=8),
 )
@@ -675,6 +689,19 @@ def test_smallest_draws_equal_the_stable_argsort_prefix(rows, n, take_frac, dup,
     if dup and n > 1:  # equal draws: ties must go by position
         u[:, rng.integers(0, n, n // 2)] = u[:, :1]
     take = max(1, min(n, int(take_frac * n)))
+    expected = np.argsort(u, axis=1, kind="stable")[:, :take]
+    assert np.array_equal(_smallest(u, take), expected)
+
+
+@pytest.mark.parametrize(("rows", "n", "take"), [(30, 1666, 16), (200, 1666, 16), (3, 64, 8)])
+def test_smallest_draws_in_both_orderings(rows: int, n: int, take: int) -> None:
+    """The one-key ordering (rows · threshold fits in 64 bits: W2's 30 clients) and the
+    lexsort (200 rows: it does not) give the stable argsort's prefix, ties included."""
+    from fedclock.train.executor import _smallest
+
+    rng = np.random.default_rng(rows * n)
+    u = rng.integers(0, 2**64 - 1, size=(rows, n), dtype=np.uint64, endpoint=True)
+    u[:, 1] = u[:, 0] = np.uint64(5)  # a tie among the smallest: position order
     expected = np.argsort(u, axis=1, kind="stable")[:, :take]
     assert np.array_equal(_smallest(u, take), expected)
 

@@ -45,16 +45,34 @@ def splitmix64_at(seed: int, position: int) -> int:
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 
 
+def _mix64_(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's mixing steps on ``z`` in place (one scratch array for the shifts: a
+    large temporary per shift costs more than the arithmetic)."""
+    t = np.empty_like(z)
+    with np.errstate(over="ignore"):
+        np.right_shift(z, np.uint64(30), out=t)
+        z ^= t
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        np.right_shift(z, np.uint64(27), out=t)
+        z ^= t
+        z *= np.uint64(0x94D049BB133111EB)
+        np.right_shift(z, np.uint64(31), out=t)
+        z ^= t
+    return z
+
+
 def splitmix64_array(z: np.ndarray) -> np.ndarray:
     """:func:`splitmix64` element-wise over a ``uint64`` array (arithmetic wraps mod 2⁶⁴)."""
     with np.errstate(over="ignore"):
-        z = z + _GAMMA  # (a new array: the steps below work in place on it)
-        z ^= z >> np.uint64(30)
-        z *= np.uint64(0xBF58476D1CE4E5B9)
-        z ^= z >> np.uint64(27)
-        z *= np.uint64(0x94D049BB133111EB)
-        z ^= z >> np.uint64(31)
-        return z
+        return _mix64_(z + _GAMMA)  # (a new array: the mixing works in place on it)
+
+
+def splitmix64_grid(keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Output ``positions[j]`` of the stream seeded by ``keys[i]``, as a (keys, positions)
+    ``uint64`` array: :func:`splitmix64_at` over the grid, with one temporary."""
+    with np.errstate(over="ignore"):
+        step = (positions.astype(np.uint64) + np.uint64(1)) * _GAMMA  # z + γ of each position
+        return _mix64_(np.add(keys.astype(np.uint64)[:, None], step[None, :]))
 
 
 def counter_key(seed: int, purpose: str, *ids: int) -> int:

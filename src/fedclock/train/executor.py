@@ -28,11 +28,9 @@ from fedclock.models.shapes import (
     hidden_modules,
     refuse,
 )
-from fedclock.rng import counter_key, counter_keys, splitmix64_array
+from fedclock.rng import counter_key, counter_keys, splitmix64_grid
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task
 from fedclock.train.local import CrossEntropy, LocalTraining, Loss, down_lists, step_direction
-
-_GAMMA_U64 = np.uint64(0x9E3779B97F4A7C15)
 
 
 @dataclass(frozen=True)
@@ -111,8 +109,7 @@ def batch_positions(keys: np.ndarray, n: int, steps: int, b: int) -> np.ndarray:
     out = []
     pos = np.arange(n, dtype=np.uint64)
     for e in range(epochs + (tail > 0)):
-        z = keys[:, None] + (pos + np.uint64(e * n))[None, :] * _GAMMA_U64
-        u = splitmix64_array(z)
+        u = splitmix64_grid(keys, pos + np.uint64(e * n))  # draws e·n … e·n+n−1 of each key
         take = n if e < epochs else min(n, tail * b)
         if take == n:
             out.append(np.argsort(u, axis=1, kind="stable"))
@@ -139,7 +136,13 @@ def _smallest(u: np.ndarray, take: int) -> np.ndarray:
         count = np.bincount(r, minlength=u.shape[0])
         if (count >= take).all():
             c = at - r * n
-            order = np.lexsort((u.ravel()[at], r))  # stable: equal draws keep position order
+            v = u.ravel()[at]
+            if u.shape[0] * int(thr) < 2**64:
+                # every candidate is < thr, so r·thr + v orders by (row, draw) in one uint64:
+                # one stable argsort (radix), ~10× faster than the lexsort below
+                order = np.argsort(r.astype(np.uint64) * thr + v, kind="stable")
+            else:
+                order = np.lexsort((v, r))  # stable: equal draws keep position order
             start = np.concatenate(([0], np.cumsum(count)[:-1]))
             return c[order][start[:, None] + np.arange(take)]
     return np.argsort(u, axis=1, kind="stable")[:, :take]
