@@ -3224,7 +3224,7 @@ def salf_vgg_verdict(res: Results) -> str:
         f"{sign_verdict(gaps, 1)}, by {slash(signed(g, 1) for g in gaps)} points (seeds "
         f"{slash(map(str, seeds))}); SALF − vanilla "
         f"{slash(signed(100 * (a - v), 1) for a, v in zip(salf, van, strict=True))} points "
-        "(a 400-sample test set: ±1–2 points is one seed's noise)."
+        f"(vanilla's own spread over the seeds: ±{100 * statistics.stdev(van):.1f})."
     )
 
 
@@ -3544,7 +3544,7 @@ def salf_loop_verdicts(model: str, fedclock: str, prefix: str = "") -> Callable[
         ]
         lines.append(
             f"- **Seed 1234 among the {len(seeds)} seeds**: rank {min(ranks)}–{max(ranks)} from "
-            f"the lowest in the {len(cells)} cells (lowest in {ranks.count(1)}), "
+            f"the lowest in the {len(cells)} cells (the lowest in {ranks.count(1)} of them), "
             f"{min(below):.1f} to {max(below):.1f} points below the mean."
         )
         s5555 = [(c, res.get(f"s5555/{c}", 5555, "acc")) for c, *_ in cells]
@@ -3565,7 +3565,7 @@ def salf_loop_verdicts(model: str, fedclock: str, prefix: str = "") -> Callable[
             "- **An independent replica** quoted by the issue that asked for this mode, at seed "
             "1234 (its code was not available): "
             + "; ".join(
-                f"{c.replace('@', ', ρ = ')} {v:.3f} (here {num(res.get(c, 1234, 'acc'), 3)}, "
+                f"{c.replace('@', ' at ρ = ')}: {v:.3f} (here {num(res.get(c, 1234, 'acc'), 3)}, "
                 f"{signed(100 * (res.get(c, 1234, 'acc') - v), 1)})"
                 for c, v in quoted
             )
@@ -3638,7 +3638,10 @@ def salf_redraw(res: Results) -> str:
     seeds = res.seeds("redraw/salf@0.3")
     rows, inside, near = [], 0, []
     for name in ("drop-stragglers", "salf"):
-        for label, prefix in (("a new set every round", "redraw/"), ("one set (the code)", "")):
+        for label, prefix in (
+            ("a new set every round", "redraw/"),
+            ("one set (the code; `--authors-rng`)", ""),
+        ):
             cells = []
             for i, r in enumerate(SALF_RATIOS):
                 vals = res.per_seed(f"{prefix}{name}@{r:g}", "acc", seeds)
