@@ -293,7 +293,8 @@ def test_agrees_with_fedclock_reference_mode(tmp_path, capsys) -> None:
     exit 3 — script 0.875/0.860/0.861, fedclock 0.828/0.836/0.879 (largest gap between any
     two runs 0.05); exit 1 (a trunk fitted to a head left at its initialisation) — script
     0.24/0.12/0.10, fedclock 0.20/0.10/0.15, exit 2 0.10–0.13 for both (chance ≈ 0.1; an exit 1
-    trained by Algorithm 1 at these settings reaches ≈ 0.4, docs/reproductions/cis.md); CIS accuracy — script
+    trained by Algorithm 1 at these settings reaches 0.3–0.4: the cis-loop table of
+    docs/reproductions/cis.md); CIS accuracy — script
     0.25/0.15/0.14, fedclock 0.22/0.12/0.18: it hinges on which random exit-1 head the seed
     drew, so it spreads by 0.13 across seeds. Tolerances: exit 3 within 0.08 of each other
     (the largest gap plus margin) and both above 0.75; exits 1 and 2 below 0.35 for both;

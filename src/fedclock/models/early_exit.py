@@ -183,9 +183,9 @@ def ee_cnn(input_shape: tuple[int, ...], num_classes: int, channels: Sequence[in
     """Stem conv3×3 (c1) → exit 1; residual block (c2, stride 2) → exit 2; residual block
     (c3, stride 2) → exit 3; each head pools to 2×2 (global pooling loses the digit's shape
     and trains far too slowly on MNIST). Exit 1 reads one convolution's features: the weakest
-    classifier of the three (on MNIST ≈ 40 % after 100 steps of batch 64 without weight
-    decay; 84–89 % after 5 rounds of 157 steps at the paper's training details, against
-    96–98 % for exit 3: docs/reproductions/cis.md)."""
+    classifier of the three at the paper's training details (docs/reproductions/cis.md,
+    Table 1's exit columns), and after 10 rounds of 10 steps still the only one well above
+    chance (the `cis-loop` table there)."""
     if len(channels) != 3:
         raise ValueError("ee_cnn takes three channel counts (model.channels)")
     c1, c2, c3 = channels
