@@ -3493,7 +3493,9 @@ def salf_loop_verdicts(model: str, fedclock: str, prefix: str = "") -> Callable[
             f"- **fedclock's reference mode within ±3 points of the authors' loop** "
             f"({len(seeds)}-seed means): {inside} of {len(cells)} cells; the largest "
             f"difference is {signed(gaps[worst], 1)} ({worst.replace('@', ', ρ = ')}, where "
-            f"the two standard deviations are {100 * sd_loop:.1f} and {100 * sd_fc:.1f} points)."
+            f"the two standard deviations are {100 * sd_loop:.1f} and {100 * sd_fc:.1f} points: "
+            f"the difference of the two means has a standard error of "
+            f"{100 * math.sqrt((sd_loop**2 + sd_fc**2) / len(seeds)):.1f})."
         ]
         t2 = [(res.get(c, 1234, "acc"), paper[name][i]) for c, name, _, i in cells]
         d = [100 * (a - b) for a, b in t2]
