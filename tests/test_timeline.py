@@ -59,6 +59,15 @@ EXPECTED = {
 }  # fmt: skip
 
 
+def _read_line_by_line(path: Path) -> timeline_mod.Timeline:
+    saved = timeline_mod._columns_at_once
+    timeline_mod._columns_at_once = lambda *a: None  # type: ignore[assignment]
+    try:
+        return read_timeline(path)
+    finally:
+        timeline_mod._columns_at_once = saved
+
+
 def _run(tmp_path: Path, case: str, *more: str) -> tuple[Path, dict[str, Any]]:
     cfg = load_config(raw=tiny_raw(executor={"threads": 1}), overrides=[*CASES[case], *more])
     res = run_experiment(cfg, run_dir=tmp_path / case)
@@ -73,6 +82,15 @@ def test_the_timeline_agrees_with_the_runs_counts(case: str, tmp_path: Path) -> 
     n = tl.counts()
     assert {o for o, k in n.items() if k} >= EXPECTED[case]
     assert n["used"] + n["stale"] == s["updates_used"]
+    # the columns read at once equal the line-by-line check's (blanks, every outcome)
+    slow = _read_line_by_line(run_dir / TIMELINE_FILE)
+    for c, v in tl.tasks.items():
+        assert (
+            np.array_equal(v, slow.tasks[c], equal_nan=True)
+            if isinstance(v, np.ndarray)
+            else v == slow.tasks[c]
+        )
+    assert np.array_equal(tl.agg_t, slow.agg_t) and np.array_equal(tl.agg_v, slow.agg_v)
     assert n["discarded"] == s["updates_discarded"]
     assert n["rejected"] == s["updates_rejected"]
     assert n["used"] + n["stale"] + n["rejected"] + n["unaggregated"] == s["updates_received"]

@@ -278,8 +278,11 @@ def read_timeline(path: Path) -> Timeline:
             agg_rows.append((line, r))
         else:
             raise ValueError(f"{path}, line {line}: not a row of the timeline's columns.")
-    tasks: dict[str, Any] = {c: [] for c in (*_FLOAT, *_INT, "outcome", "work")}
-    index = {c: COLUMNS.index(c) for c in tasks}
+    index = {c: COLUMNS.index(c) for c in (*_FLOAT, *_INT, "outcome", "work")}
+    fast = _columns_at_once([r for _, r in task_rows], [r for _, r in agg_rows], index)
+    if fast is not None:
+        return Timeline(meta, *fast)
+    tasks: dict[str, Any] = {c: [] for c in index}
     agg_t, agg_v = [], []
     for line, r in task_rows:
         for c in _FLOAT:
@@ -297,6 +300,46 @@ def read_timeline(path: Path) -> Timeline:
     out.update({c: np.array(tasks[c], dtype=np.int64) for c in _INT})
     out["outcome"], out["work"] = tasks["outcome"], tasks["work"]
     return Timeline(meta, out, np.array(agg_t, dtype=np.float64), np.array(agg_v, dtype=np.int64))
+
+
+def _columns_at_once(
+    task_rows: list[list[str]], agg_rows: list[list[str]], index: dict[str, int]
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray] | None:
+    """The columns of a sound file, each converted by ``float``/``int`` in one pass (the
+    same conversions as the line-by-line check, without a call per field); None if any
+    field is not a finite number or an outcome is unknown — the line-by-line check then
+    names the first bad line."""
+    try:
+        cols = list(zip(*task_rows, strict=True)) if task_rows else [()] * len(COLUMNS)
+        out: dict[str, Any] = {}
+        for c in _FLOAT:
+            col = cols[index[c]]
+            blank = [x == "" for x in col] if c in _BLANKS else None
+            values = np.array(
+                [math.nan if b else float(x) for x, b in zip(col, blank, strict=True)]
+                if blank is not None and any(blank)
+                else list(map(float, col)),
+                dtype=np.float64,
+            )
+            finite = np.isfinite(values)
+            if blank is not None:
+                finite |= np.array(blank, dtype=bool)
+            if not finite.all():
+                return None
+            out[c] = values
+        for c in _INT:
+            out[c] = np.array(list(map(int, cols[index[c]])), dtype=np.int64)
+        outcomes = list(cols[index["outcome"]])
+        if not set(outcomes) <= set(OUTCOMES):
+            return None
+        out["outcome"], out["work"] = outcomes, list(cols[index["work"]])
+        agg_t = np.array([float(r[3]) for r in agg_rows], dtype=np.float64)
+        agg_v = np.array([int(r[9]) for r in agg_rows], dtype=np.int64)
+    except (ValueError, OverflowError):
+        return None
+    if not np.isfinite(agg_t).all():
+        return None
+    return out, agg_t, agg_v
 
 
 def _read_counts(path: Path, text: str) -> dict[str, Any]:
