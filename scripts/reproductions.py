@@ -2886,11 +2886,6 @@ def salf_sweep_collect(
     return collect
 
 
-salf_collect = salf_sweep_collect(
-    {"salf-mlp-ref": ""}, "population.straggler_ratio", SALF_RATIOS, "val_best_test_accuracy"
-)
-
-
 def _salf_seeds(res: Results) -> list[int]:
     return sorted({s for _, s, _ in res.values})
 
@@ -2971,41 +2966,59 @@ def salf_verdicts_for(prefix: str = "") -> Callable[[Results], str]:
 salf_verdicts = salf_verdicts_for()
 
 
-SALF_T2 = register(
-    Table(
-        name="salf-t2-mlp",
-        page="salf.md",
-        seeds=(1234, 1, 2),
-        prelude='C="-q --set executor.threads=1"',
-        commands=(
-            "fedclock sweep --preset salf-table2-mlp --data-dir {data} --seeds {seeds} $C "
-            "--out {root}/salf-mlp-ref",
-        ),
-        collect=salf_collect,
-        blocks={"table": salf_table, "verdicts": salf_verdicts},
-        tolerance={"acc": 0.005},
+def _salf_sweep_table(
+    name: str,
+    preset: str,
+    folder: str,
+    prefix: str,
+    metric: str,
+    blocks: dict[str, Callable[[Results], str]],
+    *,
+    seeds: tuple[int, ...] = (1234, 1, 2),
+    sets: str = "",
+    prelude: str = 'C="-q --set executor.threads=1"',
+    swept: str = "population.straggler_ratio",
+    values: tuple[float, ...] = SALF_RATIOS,
+    data: bool = True,
+) -> Table:
+    """A table made by one ``fedclock sweep`` of ``preset`` into ``ROOT/folder`` (``sets``:
+    its further options; ``data``: it reads MNIST), its cells ``PREFIX METHOD@VALUE``."""
+    data_dir = "--data-dir {data} " if data else ""
+    return register(
+        Table(
+            name=name,
+            page="salf.md",
+            seeds=seeds,
+            prelude=prelude,
+            commands=(
+                f"fedclock sweep --preset {preset} {data_dir}--seeds {{seeds}} $C "
+                f"{sets}--out {{root}}/{folder}",
+            ),
+            collect=salf_sweep_collect({folder: prefix}, swept, values, metric),
+            blocks=blocks,
+            tolerance={"acc": 0.005},
+        )
     )
+
+
+SALF_T2 = _salf_sweep_table(
+    "salf-t2-mlp",
+    "salf-table2-mlp",
+    "salf-mlp-ref",
+    "",
+    "val_best_test_accuracy",
+    {"table": salf_table, "verdicts": salf_verdicts},
 )
 
-SALF_T2_TEN = register(
-    Table(
-        name="salf-t2-mlp-10",
-        page="salf.md",
-        seeds=(1234, 1, 2, 3, 4, 5, 6, 7, 8, 9),
-        prelude='C="-q --set executor.threads=1"',
-        commands=(
-            "fedclock sweep --preset salf-table2-mlp --data-dir {data} --seeds {seeds} $C "
-            "--strategies vanilla,drop-stragglers,salf --out {root}/salf-mlp-ref10",
-        ),
-        collect=salf_sweep_collect(
-            {"salf-mlp-ref10": ""},
-            "population.straggler_ratio",
-            SALF_RATIOS,
-            "val_best_test_accuracy",
-        ),
-        blocks={"table": salf_table_for("", seed_1234=False), "verdicts": salf_verdicts},
-        tolerance={"acc": 0.005},
-    )
+SALF_T2_TEN = _salf_sweep_table(
+    "salf-t2-mlp-10",
+    "salf-table2-mlp",
+    "salf-mlp-ref10",
+    "",
+    "val_best_test_accuracy",
+    {"table": salf_table_for("", seed_1234=False), "verdicts": salf_verdicts},
+    seeds=(1234, 1, 2, 3, 4, 5, 6, 7, 8, 9),
+    sets="--strategies vanilla,drop-stragglers,salf ",
 )
 
 SALF_T2_PAPER = register(
@@ -3173,25 +3186,15 @@ def salf_rounds_verdict(res: Results) -> str:
     )
 
 
-SALF_ROUNDS = register(
-    Table(
-        name="salf-mlp-100r",
-        page="salf.md",
-        seeds=(1234, 1, 2),
-        prelude='C="-q --set executor.threads=1 --strategies vanilla,drop-stragglers,salf"',
-        commands=(
-            "fedclock sweep --preset salf-table2-mlp --data-dir {data} --seeds {seeds} $C "
-            "--set budget.aggregations=100 --out {root}/salf-mlp-100r",
-        ),
-        collect=salf_sweep_collect(
-            {"salf-mlp-100r": "r100/"},
-            "population.straggler_ratio",
-            SALF_RATIOS,
-            "val_best_test_accuracy",
-        ),
-        blocks={"table": salf_rounds_table, "verdict": salf_rounds_verdict},
-        tolerance={"acc": 0.005},
-    )
+SALF_ROUNDS = _salf_sweep_table(
+    "salf-mlp-100r",
+    "salf-table2-mlp",
+    "salf-mlp-100r",
+    "r100/",
+    "val_best_test_accuracy",
+    {"table": salf_rounds_table, "verdict": salf_rounds_verdict},
+    sets="--set budget.aggregations=100 ",
+    prelude='C="-q --set executor.threads=1 --strategies vanilla,drop-stragglers,salf"',
 )
 
 
@@ -3228,22 +3231,14 @@ def salf_vgg_verdict(res: Results) -> str:
     )
 
 
-SALF_VGG = register(
-    Table(
-        name="salf-vgg",
-        page="salf.md",
-        seeds=(1234, 1, 2),
-        prelude='C="-q --set executor.threads=1"',
-        commands=("fedclock sweep --preset salf-vgg --seeds {seeds} $C --out {root}/salf-vgg",),
-        collect=salf_sweep_collect(
-            {"salf-vgg": "vgg/"}, "population.straggler_ratio", SALF_RATIOS, "final_test_accuracy"
-        ),
-        blocks={
-            "table": salf_vgg_table,
-            "verdict": salf_vgg_verdict,
-        },
-        tolerance={"acc": 0.005},
-    )
+SALF_VGG = _salf_sweep_table(
+    "salf-vgg",
+    "salf-vgg",
+    "salf-vgg",
+    "vgg/",
+    "final_test_accuracy",
+    {"table": salf_vgg_table, "verdict": salf_vgg_verdict},
+    data=False,
 )
 
 
@@ -3312,23 +3307,11 @@ def salf_deadline_verdicts(res: Results) -> str:
 
 def _salf_deadline_table(name: str, prefix: str, sets: str) -> Table:
     """One mode's deadline sweep (``sets``: its --set options) as a table of its own."""
-    return register(
-        Table(
-            name=name,
-            page="salf.md",
-            seeds=(1234,),
-            prelude='C="-q --set executor.threads=1"',
-            commands=(
-                "fedclock sweep --preset salf-deadline-sweep --data-dir {data} --seeds {seeds} "
-                f"$C {sets}--out {{root}}/{name}",
-            ),
-            collect=salf_sweep_collect(
-                {name: prefix}, "strategy.t_max", SALF_DEADLINES, "final_test_accuracy"
-            ),
-            blocks={"table": salf_deadline_table(prefix), "verdicts": salf_deadline_verdicts},
-            tolerance={"acc": 0.005},
-        )
-    )
+    return _salf_sweep_table(
+        name, "salf-deadline-sweep", name, prefix, "final_test_accuracy",
+        {"table": salf_deadline_table(prefix), "verdicts": salf_deadline_verdicts},
+        seeds=(1234,), sets=sets, swept="strategy.t_max", values=SALF_DEADLINES,
+    )  # fmt: skip
 
 
 SALF_DEADLINE = _salf_deadline_table("salf-deadline", "paper/", "")
@@ -3720,25 +3703,13 @@ SALF_LOOP_MLP = register(
 )
 
 # fedclock's CNN Table II in reference mode: every method, the authors' seed and two more
-SALF_T2_CNN = register(
-    Table(
-        name="salf-t2-cnn",
-        page="salf.md",
-        seeds=(1234, 1, 2),
-        prelude='C="-q --set executor.threads=1"',
-        commands=(
-            "fedclock sweep --preset salf-table2-cnn --data-dir {data} --seeds {seeds} $C "
-            "--out {root}/salf-cnn-ref",
-        ),
-        collect=salf_sweep_collect(
-            {"salf-cnn-ref": "cnn/"},
-            "population.straggler_ratio",
-            SALF_RATIOS,
-            "val_best_test_accuracy",
-        ),
-        blocks={"table": salf_table_for("cnn/"), "verdicts": salf_verdicts_for("cnn/")},
-        tolerance={"acc": 0.005},
-    )
+SALF_T2_CNN = _salf_sweep_table(
+    "salf-t2-cnn",
+    "salf-table2-cnn",
+    "salf-cnn-ref",
+    "cnn/",
+    "val_best_test_accuracy",
+    {"table": salf_table_for("cnn/"), "verdicts": salf_verdicts_for("cnn/")},
 )
 
 SALF_LOOP_CNN = register(
