@@ -70,3 +70,42 @@ def test_a_whole_run_and_its_report_import_no_plotting_library(tmp_path) -> None
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert (tmp_path / "run" / "report.html").is_file(), out.stderr[-800:]
     assert out.stderr.strip().splitlines()[-1] == "IMPORTED:", out.stderr[-500:]
+
+
+_END = """
+import atexit, sys, threading, time
+from pathlib import Path
+from fedclock.cli import _end_process
+mark = Path(sys.argv[1])
+atexit.register(lambda: mark.write_text(mark.read_text() + "atexit;") if mark.exists()
+                else mark.write_text("atexit;"))
+if sys.argv[3] == "thread":  # a non-daemon thread the interpreter must wait for
+    def late():
+        time.sleep(0.3)
+        mark.write_text("thread;")
+    threading.Thread(target=late).start()
+sys.stdout.write("buffered, no newline")
+sys.stderr.write("on stderr, no newline")
+_end_process(eval(sys.argv[2]))
+print("not reached")
+"""
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "stderr_tail"),
+    [("0", 0, ""), ("None", 0, ""), ("7", 7, ""), ("'one sentence'", 1, "one sentence\n")],
+)
+@pytest.mark.parametrize("thread", ["", "thread"])
+def test_the_console_script_ends_as_sys_exit_would(
+    tmp_path, code: str, status: int, stderr_tail: str, thread: str
+) -> None:
+    """`fedclock` ends its process with os._exit (no teardown of torch's modules), after
+    what an exit must do: the atexit handlers run, stdout and stderr are flushed, the status
+    is sys.exit's; with a live non-daemon thread it takes the ordinary exit, which waits."""
+    mark = tmp_path / "mark"
+    got = subprocess.run([sys.executable, "-c", _END, str(mark), code, thread or "-"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert got.returncode == status
+    assert got.stdout == "buffered, no newline"
+    assert got.stderr == "on stderr, no newline" + stderr_tail
+    assert mark.read_text() == ("thread;atexit;" if thread else "atexit;")
