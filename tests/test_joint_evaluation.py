@@ -49,6 +49,24 @@ def test_stacked_versions_get_their_own_accuracy_and_loss(arch: str, kw: dict[st
     assert len({round(loss, 6) for _, loss in got[:4]}) == 4
 
 
+@pytest.mark.parametrize("n", [1, 127, 128])
+def test_one_batch_evaluation_is_the_batch_loop_with_one_batch(n: int) -> None:
+    """A test set within one batch skips the accumulators: the same figures, bit for bit, as
+    the sums the loop keeps (an int64 count, the float64 sum of the float32 batch loss)."""
+    x, y = _data(n)
+    model = _model("mlp", 0, hidden=[16, 12])
+    version = snapshot(_model("mlp", 3, hidden=[16, 12]), 3)
+    with torch.no_grad():
+        logits = torch.func.functional_call(model, version.params, (x,))
+        correct = torch.zeros((), dtype=torch.int64) + (logits.argmax(1) == y).sum()
+        loss = (
+            torch.zeros((), dtype=torch.float64)
+            + torch.nn.functional.cross_entropy(logits, y, reduction="sum").double()
+        )
+    want = (int(correct) / n, float(loss) / n)
+    assert Evaluator(model, x, y, batch_size=128).measure(version) == want
+
+
 def test_stacked_pass_leaves_the_test_data_alone() -> None:
     # a ReLU before the first Linear (on a view of the data) must not run in place
     x, y = _data(64)

@@ -726,6 +726,28 @@ def test_delta_views_give_the_same_contributions(mixed_versions: bool) -> None:
         assert torch.equal(v0.params[k], p.detach())
 
 
+@pytest.mark.parametrize("delta_views", [False, True])
+def test_kept_scratch_buffers_never_reach_a_contribution(delta_views: bool) -> None:
+    """The flat step's gradient and batch buffers are kept from block to block
+    (``_scratch``): a later block, of the same size or another, leaves the contributions of
+    an earlier one as they were, and each block's equal a fresh executor's bit for bit."""
+    sizes = [20, 11, 30, 16]
+    data = _data(sizes, (1, 8, 8))
+    m, v0, v1 = _two_versions()
+    opts = dict(seed=5, local=LocalTraining(lr=0.05), delta_views=delta_views)
+    ex = VectorizedExecutor(m, data, **opts)  # type: ignore[arg-type]
+    first = ex.run(_tasks(v0, sizes, 8, steps=3))
+    kept = [{k: d.clone() for k, d in c.delta.items()} for c in first]
+    assert set(ex._scratch_bufs) == {"grad", "batch"}  # (the flat step ran)
+    for again in (_tasks(v1, sizes, 8, steps=3), _tasks(v1, sizes[:2], 4, steps=2)):
+        later = ex.run(again)
+        fresh = VectorizedExecutor(m, data, **opts).run(again)  # type: ignore[arg-type]
+        for a, b in zip(later, fresh, strict=True):
+            assert all(torch.equal(a.delta[k], b.delta[k]) for k in a.delta)
+    for c, before in zip(first, kept, strict=True):
+        assert all(torch.equal(c.delta[k], before[k]) for k in before)
+
+
 class _TwiceCE:
     """2 × cross-entropy: with plain SGD, the same steps as cross-entropy at twice the lr."""
 

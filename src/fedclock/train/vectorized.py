@@ -297,6 +297,7 @@ class VectorizedExecutor:
         # masked-out elements stay at the base (else zero), Σ_k g_k² per client (PruneFL)
         self._block_masks: list[tuple[int, torch.Tensor]] = []
         self._block_flat: torch.Tensor | None = None  # the block's parameters, when one buffer
+        self._scratch_bufs: dict[str, torch.Tensor] = {}  # (_scratch)
         self._masks_per_task = False
         self._mask_base = False
         self._block_sq: list[torch.Tensor] | None = None
@@ -872,8 +873,13 @@ class VectorizedExecutor:
             ts: Sequence[torch.Tensor], fill: bool = True
         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
             # one buffer, tensor after tensor, each a contiguous (C, …) view (``fill``: of
-            # ``ts``' values; else of ``ts``' shapes, its values unset)
-            buf = torch.empty(sum(t.numel() for t in ts), dtype=ts[0].dtype, device=ts[0].device)
+            # ``ts``' values; else of ``ts``' shapes, its values unset: the kept scratch one)
+            numel = sum(t.numel() for t in ts)
+            buf = (
+                torch.empty(numel, dtype=ts[0].dtype, device=ts[0].device)
+                if fill
+                else self._scratch("grad", numel, ts[0].dtype)
+            )
             views, at = [], 0
             for t in ts:
                 v = buf[at : at + t.numel()].view(t.shape)
@@ -908,7 +914,7 @@ class VectorizedExecutor:
         c, b = rows.shape[0], rows.shape[2]
         by_step = rows.transpose(0, 1).reshape(n_steps, c * b)  # each step's rows, in order
         ys = self._y.index_select(0, by_step.reshape(-1)).view(n_steps, c, b)
-        xb = x_rows.new_empty((c * b, x_rows.shape[1]))  # each step's batch, gathered into
+        xb = self._scratch("batch", c * b * x_rows.shape[1], x_rows.dtype).view(c * b, -1)
         xb_view = xb.view(c, b, -1)
         gs, ps = [g_flat], [p_flat]
         scratch = [torch.empty_like(p_flat)] if base is not None else None  # the pull
@@ -925,6 +931,16 @@ class VectorizedExecutor:
                 for i, m in masks:  # outside its fragment: 0 (_by_hand)
                     p_views[i].mul_(m)
                 loss_sum += loss
+
+    def _scratch(self, what: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A buffer of ``numel`` elements that no tensor outside a block's steps refers to (the
+        flat step's gradients, each step's gathered batch), kept from block to block: a new
+        one every round is fresh memory for the allocator to map and the CPU to fault in
+        (a W2 round's 4.6 MB; docs/benchmarks.md)."""
+        buf = self._scratch_bufs.get(what)
+        if buf is None or buf.numel() != numel or buf.dtype != dtype:
+            buf = self._scratch_bufs[what] = torch.empty(numel, dtype=dtype, device=self.device)
+        return buf
 
     # (over 80 lines: the momentum write-back, the deltas — in place as views under
     # synchronous rounds, else one fused subtraction — and each contribution's record)
@@ -974,8 +990,17 @@ class VectorizedExecutor:
                     for j in range(len(tasks)):
                         flat[j * len(names) + i].mul_(m[j] if self._masks_per_task else m)
         out = []
+        plain = views is None and not fixed and stats is None and self._block_sq is None
         for j, task in enumerate(tasks):
             delta = dict(zip(names, flat[j * k : (j + 1) * k], strict=True))
+            shape = task.plan.shape
+            prog = None if shape is FULL else self._program(shape)
+            indices = (self if owners is None else owners[j]).data.indices[task.client]
+            if plain and prog is None:  # (a full task's Δ as trained: W2's every task)
+                out.append(
+                    Contribution(task, delta, {}, len(indices), losses[j] / max(1, steps[j]))
+                )
+                continue
             if views is not None:  # a submodel's delta, zero outside its slice
                 full_delta = {}
                 for n, d in delta.items():
@@ -983,8 +1008,6 @@ class VectorizedExecutor:
                     fd[views[n]] = d
                     full_delta[n] = fd
                 delta = full_delta
-            shape = task.plan.shape
-            prog = None if shape is FULL else self._program(shape)
             sends = None if prog is None else prog.sends
             if sends is not None and len(sends) < len(delta):  # trained, not sent: Δ = 0
                 delta = {n: d if n in sends else torch.zeros_like(d) for n, d in delta.items()}
@@ -999,9 +1022,7 @@ class VectorizedExecutor:
                     delta=delta,
                     # as SerialExecutor: each client's own copy of its final statistics
                     buffers={} if stats is None else {n: v[j].clone() for n, v in stats.items()},
-                    num_samples=len(
-                        (self if owners is None else owners[j]).data.indices[task.client]
-                    ),
+                    num_samples=len(indices),
                     train_loss=losses[j] / max(1, steps[j]),
                     coverage=None if prog is None else prog.coverage,
                     up={}
