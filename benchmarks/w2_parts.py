@@ -16,13 +16,20 @@ vectorized executor, its parts timed by wrapping their entry points (they do not
 Each figure is the median over ``--repeats`` runs of the part's seconds per round (rounds 2…R
 of a run: the total over the run minus its first round, divided by R − 1 — the first round
 compiles and allocates). The floor's round (``benchmarks.common.run_handwritten``) is
-measured in the same process, after fedclock's.
+measured in the same process, after fedclock's. **Minor page faults per round** (this
+process's ``ru_minflt`` over rounds 2…R; the floor's over its whole run ÷ R) count the fresh
+memory a round touches: a buffer allocated anew every round can be mapped anew too.
+
+``python -m benchmarks.w2_parts [--rounds R] [--test-samples N]`` prints one run's figures as
+JSON; ``--test-samples 10`` shrinks the test set so that the evaluation, the same in both,
+no longer hides the rest of the round.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,18 +54,44 @@ def _timed(owner: Any, name: str, bucket: dict[str, float], part: str) -> Callab
     return lambda: setattr(owner, name, original)
 
 
-def parts_once(rounds: int) -> dict[str, float]:
-    """One fedclock run of w2-small with ``rounds`` rounds: seconds per round of each part."""
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _setup(rounds: int, test_samples: int | None) -> Any:
     from benchmarks import common, w2_small
+
+    setup = w2_small.setup()
+    data = setup.data
+    if test_samples is not None:  # (the first N test samples)
+        data = common.Data(data.x, data.y, data.x_test[:test_samples], data.y_test[:test_samples],
+                           data.parts)  # fmt: skip
+    return type(setup)(**{**setup.__dict__, "rounds": rounds, "data": data})
+
+
+def floor_once(rounds: int, test_samples: int | None = None) -> dict[str, float]:
+    """The floor's round (s) and minor page faults per round, one run."""
+    from benchmarks import common, w2_small
+
+    setup = _setup(rounds, test_samples)
+    f0 = _faults()
+    s = common.run_handwritten(setup, block=w2_small.floor_block(len(setup.data.parts)))
+    return {"round": s, "faults": (_faults() - f0) / rounds}
+
+
+def parts_once(rounds: int, test_samples: int | None = None) -> dict[str, float]:
+    """One fedclock run of w2-small with ``rounds`` rounds: seconds per round of each part,
+    and the minor page faults per round (``test_samples``: the first N of the test set)."""
+    from benchmarks import common
     from fedclock.sim.simulator import Simulator
     from fedclock.strategies.aggregators import Update
     from fedclock.train.evaluate import Evaluator
     from fedclock.train.vectorized import VectorizedExecutor
 
-    setup = w2_small.setup()
-    setup = type(setup)(**{**setup.__dict__, "rounds": rounds})
+    setup = _setup(rounds, test_samples)
     bucket = dict.fromkeys(PARTS, 0.0)
     first: dict[str, float] = {}
+    faults: list[int] = []
     undo = [
         _timed(VectorizedExecutor, "run", bucket, "training"),
         _timed(Update, "aggregate", bucket, "update"),
@@ -74,6 +107,7 @@ def parts_once(rounds: int) -> dict[str, float]:
         stamps.append(time.perf_counter())
         if len(stamps) == 1:
             first.update(bucket)
+            faults.append(_faults())
         return out
 
     Update.aggregate = stamp  # type: ignore[method-assign]
@@ -81,6 +115,7 @@ def parts_once(rounds: int) -> dict[str, float]:
         t0 = time.perf_counter()
         common.run_fedclock(setup, "vectorized")
         total = time.perf_counter() - t0
+        faults.append(_faults())
     finally:
         Update.aggregate = original  # type: ignore[method-assign]
         for u in undo:
@@ -90,21 +125,21 @@ def parts_once(rounds: int) -> dict[str, float]:
     out = {p: (bucket[p] - first.get(p, 0.0)) / n for p in PARTS}
     out["rest"] = whole - sum(out.values())
     out["round"] = whole
+    out["faults"] = (faults[-1] - faults[0]) / n
     return out
 
 
 def run(*, quick: bool = False, repeats: int = 3) -> dict[str, object]:
-    from benchmarks import common, w2_small
     from benchmarks.common import machine, median
 
     rounds = 30 if quick else 250
     got = [parts_once(rounds) for _ in range(repeats)]
-    s = w2_small.setup(quick=quick)
-    floor = [common.run_handwritten(s, block=w2_small.floor_block(len(s.data.parts)))
-             for _ in range(repeats)]  # fmt: skip
+    floor = [floor_once(rounds) for _ in range(repeats)]
     figures = {k: median([g[k] for g in got]) for k in (*PARTS, "rest", "round")}
     return {"benchmark": NAME, "quick": quick, "rounds": rounds, "s_per_round": figures,
-            "floor_s_per_round": median(floor),
+            "floor_s_per_round": median([f["round"] for f in floor]),
+            "faults_per_round": median([g["faults"] for g in got]),
+            "floor_faults_per_round": median([f["faults"] for f in floor]),
             "threads": torch.get_num_threads(), "machine": machine()}  # fmt: skip
 
 
@@ -113,11 +148,18 @@ def rows(result: dict) -> list[tuple[str, str]]:
     out = [(part, f"{1e3 * f[part]:.2f} ms") for part in (*PARTS, "rest")]
     out.append(("fedclock round", f"{1e3 * f['round']:.2f} ms"))
     out.append(("floor round", f"{1e3 * result['floor_s_per_round']:.2f} ms"))
+    if "faults_per_round" in result:
+        out.append(("minor page faults per round, fedclock / floor",
+                    f"{result['faults_per_round']:.0f} / {result['floor_faults_per_round']:.0f}"))  # fmt: skip
     return out
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=250)
+    ap.add_argument("--test-samples", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    print(json.dumps(parts_once(a.rounds)))
+    torch.set_num_threads(a.threads)
+    print(json.dumps({"fedclock": parts_once(a.rounds, a.test_samples),
+                      "floor": floor_once(a.rounds, a.test_samples)}))  # fmt: skip
