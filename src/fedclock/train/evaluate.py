@@ -46,18 +46,18 @@ class Evaluator:
         """(accuracy, mean cross-entropy) of ``version`` on this evaluator's data."""
         self.model.eval()
         state = {**version.params, **version.buffers}
-        # sums kept on the device (one host sync per evaluation, not two per batch); the
-        # float64 sum of the float32 batch losses, in order: a Python float's sum
-        correct = torch.zeros((), dtype=torch.int64, device=self.device)
-        loss = torch.zeros((), dtype=torch.float64, device=self.device)
         n = len(self.y)
-        if 0 < n <= self.batch_size:  # one batch: the same sums, without the accumulators
+        if 0 < n <= self.batch_size:  # one batch: the loop's sums, without its accumulators
             logits = functional_call(self.model, state, (self.x,))
             got = torch.stack([
                 (logits.argmax(1) == self.y).sum().double(),
                 F.cross_entropy(logits, self.y, reduction="sum").double(),
             ]).tolist()  # fmt: skip
             return int(got[0]) / n, got[1] / n
+        # sums kept on the device (one host sync per evaluation, not two per batch); the
+        # float64 sum of the float32 batch losses, in order: a Python float's sum
+        correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        loss = torch.zeros((), dtype=torch.float64, device=self.device)
         for i in range(0, n, self.batch_size):
             xb, yb = self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
             logits = functional_call(self.model, state, (xb,))
