@@ -67,6 +67,28 @@ def test_one_batch_evaluation_is_the_batch_loop_with_one_batch(n: int) -> None:
     assert Evaluator(model, x, y, batch_size=128).measure(version) == want
 
 
+@pytest.mark.parametrize(("arch", "kw"), [("mlp", {"hidden": [16, 12]}), ("logreg", {})])
+def test_an_mlp_is_evaluated_layer_by_layer_as_its_forward_pass(arch: str, kw: dict) -> None:
+    """The direct path (the layers' functions on the version's tensors) gives
+    ``functional_call``'s logits bit for bit; a forward hook sends the call through
+    ``functional_call``, so the hook runs."""
+    x, y = _data(300)
+    ev = Evaluator(_model(arch, 0, **kw), x, y, batch_size=128)
+    assert ev._layers is not None
+    version = snapshot(_model(arch, 4, **kw), 4)
+    with torch.no_grad():
+        want = torch.func.functional_call(ev.model, version.params, (x,))
+        assert torch.equal(ev._logits(dict(version.params), x), want)
+    before = ev.measure(version)
+    seen: list[int] = []
+    handle = ev.model.net[-1].register_forward_hook(lambda m, i, o: seen.append(len(o)))
+    try:
+        assert ev.measure(version) == before and seen == [128, 128, 44]
+    finally:
+        handle.remove()
+    assert Evaluator(_model("cnn", 0), x, y)._layers is None  # not an MLP: functional_call
+
+
 def test_stacked_pass_leaves_the_test_data_alone() -> None:
     # a ReLU before the first Linear (on a view of the data) must not run in place
     x, y = _data(64)

@@ -35,11 +35,31 @@ class Evaluator:
         self.y = y.to(self.device)
         self.batch_size = batch_size
         self._structure = _stack_structure(self.model)  # (for joint_key, on every call)
+        # an MLP's forward pass, layer by layer on the version's tensors (_logits)
+        self._layers = _direct_layers(self.model) if self._structure is not None else None
 
     def __call__(self, version: ModelVersion) -> tuple[float, float]:
         if self.submit is not None:
             return self.submit(self, version)
         return self.measure(version)
+
+    def _logits(self, state: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """The model's output for ``state`` on ``x``: an MLP (:func:`_stack_structure`) without
+        forward hooks runs its layers' own functions on the state's tensors (the operations of
+        its forward pass — the same values — without swapping the tensors into the module,
+        ≈ 0.2 ms a call); any other model through ``functional_call``."""
+        layers = self._layers
+        if layers is None or _has_hooks(self.model):
+            return functional_call(self.model, state, (x,))
+        h = x
+        for kind, a, b in layers:
+            if kind == "linear":
+                h = F.linear(h, state[a], None if b is None else state[b])
+            elif kind == "relu":
+                h = torch.relu(h)
+            else:
+                h = h.flatten(a, b)
+        return h
 
     @torch.no_grad()
     def measure(self, version: ModelVersion) -> tuple[float, float]:
@@ -48,7 +68,7 @@ class Evaluator:
         state = {**version.params, **version.buffers}
         n = len(self.y)
         if 0 < n <= self.batch_size:  # one batch: the loop's sums, without its accumulators
-            logits = functional_call(self.model, state, (self.x,))
+            logits = self._logits(state, self.x)
             got = torch.stack([
                 (logits.argmax(1) == self.y).sum().double(),
                 F.cross_entropy(logits, self.y, reduction="sum").double(),
@@ -60,7 +80,7 @@ class Evaluator:
         loss = torch.zeros((), dtype=torch.float64, device=self.device)
         for i in range(0, n, self.batch_size):
             xb, yb = self.x[i : i + self.batch_size], self.y[i : i + self.batch_size]
-            logits = functional_call(self.model, state, (xb,))
+            logits = self._logits(state, xb)
             loss += F.cross_entropy(logits, yb, reduction="sum").double()
             correct += (logits.argmax(1) == yb).sum()
         got = torch.stack([correct.double(), loss]).tolist()
@@ -96,6 +116,30 @@ def _stack_structure(model: nn.Module) -> tuple[Hashable, ...] | None:
         else:
             return None
     return tuple(out) if stacked else None
+
+
+def _direct_layers(model: nn.Module) -> list[tuple[str, Any, Any]]:
+    """An MLP's (:func:`_stack_structure`) layers for :meth:`Evaluator._logits`: ("linear",
+    weight name, bias name or None), ("relu", None, None), ("flatten", start, end)."""
+    out: list[tuple[str, Any, Any]] = []
+    for name, layer in model.net.named_children():  # type: ignore[union-attr]
+        if isinstance(layer, nn.Linear):
+            bias = f"net.{name}.bias" if layer.bias is not None else None
+            out.append(("linear", f"net.{name}.weight", bias))
+        elif isinstance(layer, nn.ReLU):
+            out.append(("relu", None, None))
+        else:  # Flatten (see _stack_structure)
+            out.append(("flatten", layer.start_dim, layer.end_dim))
+    return out
+
+
+def _has_hooks(model: nn.Module) -> bool:
+    """Whether a forward hook (the module's own or a global one) would run in its forward."""
+    from torch.nn.modules import module as m
+
+    if m._global_forward_hooks or m._global_forward_pre_hooks:
+        return True
+    return any(sub._forward_hooks or sub._forward_pre_hooks for sub in model.modules())
 
 
 def _stacked_layers(net: nn.Sequential, states: Sequence[dict[str, torch.Tensor]]) -> list[Any]:
