@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ class Evaluator:
         self.batch_size = batch_size
         self._structure = _stack_structure(self.model)  # (for joint_key, on every call)
         # an MLP's forward pass, layer by layer on the version's tensors (_logits)
-        self._layers = _direct_layers(self.model) if self._structure is not None else None
+        self._layers = None if self._structure is None else _direct_layers(self._structure)
 
     def __call__(self, version: ModelVersion) -> tuple[float, float]:
         if self.submit is not None:
@@ -46,8 +46,9 @@ class Evaluator:
     def _logits(self, state: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """The model's output for ``state`` on ``x``: an MLP (:func:`_stack_structure`) without
         forward hooks runs its layers' own functions on the state's tensors (the operations of
-        its forward pass — the same values — without swapping the tensors into the module,
-        ≈ 0.2 ms a call); any other model through ``functional_call``."""
+        its forward pass — the same values — without swapping the tensors into the module:
+        ≈ 60 µs less a call on W2's model, docs/benchmarks.md); any other model through
+        ``functional_call``."""
         layers = self._layers
         if layers is None or _has_hooks(self.model):
             return functional_call(self.model, state, (x,))
@@ -118,18 +119,19 @@ def _stack_structure(model: nn.Module) -> tuple[Hashable, ...] | None:
     return tuple(out) if stacked else None
 
 
-def _direct_layers(model: nn.Module) -> list[tuple[str, Any, Any]]:
-    """An MLP's (:func:`_stack_structure`) layers for :meth:`Evaluator._logits`: ("linear",
-    weight name, bias name or None), ("relu", None, None), ("flatten", start, end)."""
+def _direct_layers(structure: tuple[Hashable, ...]) -> list[tuple[str, Any, Any]]:
+    """An MLP's layers (its :func:`_stack_structure`) for :meth:`Evaluator._logits`:
+    ("linear", weight name, bias name or None), ("relu", None, None), ("flatten", start, end)."""
     out: list[tuple[str, Any, Any]] = []
-    for name, layer in model.net.named_children():  # type: ignore[union-attr]
-        if isinstance(layer, nn.Linear):
-            bias = f"net.{name}.bias" if layer.bias is not None else None
-            out.append(("linear", f"net.{name}.weight", bias))
-        elif isinstance(layer, nn.ReLU):
+    for layer in structure:
+        kind, *spec = cast(tuple[Any, ...], layer)
+        if kind == "linear":
+            name, _, _, bias = spec
+            out.append(("linear", f"net.{name}.weight", f"net.{name}.bias" if bias else None))
+        elif kind == "relu":
             out.append(("relu", None, None))
-        else:  # Flatten (see _stack_structure)
-            out.append(("flatten", layer.start_dim, layer.end_dim))
+        else:
+            out.append(("flatten", spec[0], spec[1]))
     return out
 
 
