@@ -55,7 +55,9 @@ def _no_huge_floats(model: BaseModel) -> None:
 
 class _Section(BaseModel):
     # NaN and ±inf are refused in every field (a config that says .inf means a mistake)
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, defer_build=True
+    )
 
     @model_validator(mode="after")
     def _bounded_floats(self) -> Any:
@@ -323,7 +325,9 @@ class StrategyOptions(BaseModel):
     # extra: fields of other strategies that a comparison's base config carries for them
     # (ExperimentConfig._strategy_fields decides when that is allowed); a run of this
     # strategy never sees them (own_fields)
-    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="allow", validate_assignment=True, allow_inf_nan=False, defer_build=True
+    )
 
     name: str
     weights: Literal["samples", "uniform"] = Field(
