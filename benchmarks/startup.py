@@ -15,7 +15,9 @@ initial evaluation's row appears in ``metrics.csv``, which the parent polls ever
 the floor, the ``perf_counter()`` the floor prints just before its loop — the system-wide
 monotonic clock on Linux), **peak RSS** (``ru_maxrss`` of the reaped child, ``os.wait4``) and
 the seconds per round of rounds 2…R (fedclock's from ``metrics.csv``, the floor's from its
-loop). Runs alternate fedclock / floor; each figure is the median over ``--repeats``.
+loop). Runs alternate fedclock / floor; each figure is the median over ``--repeats``, and
+each repeat's fedclock / floor ratio (its two runs side by side) is reported too: their
+spread is the machine's noise.
 Before the first run, fedclock's package (and the baseline's) and ``benchmarks/`` are
 byte-compiled (:func:`_compile_sources`): both sides start with their modules' bytecode
 cached, as an installed package does (pip compiles at install; an editable install writes
@@ -174,6 +176,16 @@ def run(*, quick: bool = False, repeats: int = 3) -> dict[str, object]:
         shape: {f: med[f"{shape}/fedclock"][f] / med[f"{shape}/floor"][f] for f in FIGURES}
         for shape in rounds
     }
+    # each repeat's fedclock run against the floor run beside it: the spread of the ratio
+    # shows how much of a difference between medians the machine's noise could make
+    pairs = {
+        shape: {
+            f: [a[f] / b[f] for a, b in zip(runs[f"{shape}/fedclock"], runs[f"{shape}/floor"],
+                                             strict=True)]
+            for f in ("wall_s", "s_per_round")
+        }
+        for shape in rounds
+    }  # fmt: skip
     if baseline:
         for shape in rounds:
             ratios[f"{shape} baseline"] = {
@@ -185,6 +197,7 @@ def run(*, quick: bool = False, repeats: int = 3) -> dict[str, object]:
         "rounds": rounds,
         "median": med,
         "fedclock_over_floor": ratios,
+        "pair_ratios": pairs,
         "targets": TARGETS,
         "met": {s: {f: ratios[s][f] <= t for f, t in TARGETS.items()} for s in rounds},
         "baseline_src": baseline,
@@ -213,6 +226,14 @@ def rows(r: dict[str, object]) -> list[tuple[str, str]]:
                 f"{shape}: fedclock / floor",
                 f"wall {q['wall_s']:.2f}× (≤ 1.1), peak RSS {q['peak_rss_mb']:.2f}× (≤ 1.2), "
                 f"first round {q['first_round_s']:.2f}×",
+            )
+        )
+    for shape, q in r.get("pair_ratios", {}).items():  # type: ignore[union-attr]
+        out.append(
+            (
+                f"{shape}: fedclock / floor per repeat",
+                f"wall {min(q['wall_s']):.2f}–{max(q['wall_s']):.2f}×, s/round "
+                f"{min(q['s_per_round']):.2f}–{max(q['s_per_round']):.2f}×",
             )
         )
     out.append(("other processes (cores) per run", json.dumps(r["other_processes_cores"])))

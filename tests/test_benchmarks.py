@@ -32,3 +32,40 @@ def test_the_handwritten_floor_equals_the_plain_serial_loop(
     assert len(plain) == len(hand) == 2 * (len(hidden) + 1)
     for a, b in zip(plain, hand, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_the_startup_benchmark_reports_each_repeats_ratio(monkeypatch) -> None:
+    """`startup` compiles the sources once, before its first run, and gives each repeat's
+    fedclock / floor ratio beside the ratio of the medians (runs replaced by fixed figures)."""
+    from benchmarks import startup
+
+    compiled: list[str | None] = []
+    monkeypatch.setattr(common, "WAIT_FOR_QUIET", False)
+    monkeypatch.setattr(startup, "_compile_sources", lambda baseline: compiled.append(baseline))
+    walls = {"fedclock": iter([2.0, 3.0, 4.0, 6.0]), "floor": iter([1.0, 2.0, 2.0, 3.0])}
+
+    def fake(kind: str) -> dict[str, float]:
+        w = next(walls[kind])
+        return {"wall_s": w, "first_round_s": w / 2, "peak_rss_mb": 100.0, "s_per_round": w / 10}
+
+    monkeypatch.setattr(startup, "ROUNDS", {"w2-small": 250})
+    monkeypatch.setattr(startup, "run_fedclock", lambda shape, r, w, src=None: fake("fedclock"))
+    monkeypatch.setattr(startup, "run_floor", lambda shape, r: fake("floor"))
+    monkeypatch.delenv("STARTUP_BASELINE_SRC", raising=False)
+    r = startup.run(repeats=4)
+    assert compiled == [None]
+    assert r["pair_ratios"]["w2-small"]["wall_s"] == pytest.approx([2.0, 1.5, 2.0, 2.0])
+    assert r["fedclock_over_floor"]["w2-small"]["wall_s"] == pytest.approx(3.5 / 2.0)
+    rows = dict(startup.rows(r))
+    assert rows["w2-small: fedclock / floor per repeat"] == "wall 1.50–2.00×, s/round 1.50–2.00×"
+
+
+def test_the_startup_benchmark_refuses_a_baseline_that_does_not_compile(tmp_path) -> None:
+    """The sources are byte-compiled before any run: a baseline fedclock that does not
+    compile stops the benchmark before it starts, naming the folder."""
+    from benchmarks import startup
+
+    (tmp_path / "fedclock").mkdir()
+    (tmp_path / "fedclock" / "__init__.py").write_text("def broken(:\n")
+    with pytest.raises(RuntimeError, match="does not byte-compile"):
+        startup._compile_sources(str(tmp_path))
