@@ -9,6 +9,7 @@ and batch orders (common random numbers).
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import numpy as np
@@ -45,19 +46,24 @@ def splitmix64_at(seed: int, position: int) -> int:
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 
 
+_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
+_MUL2 = np.uint64(0x94D049BB133111EB)
+_SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
+
+
 def _mix64_(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's mixing steps on ``z`` in place (one scratch array for the shifts: a
-    large temporary per shift costs more than the arithmetic)."""
+    """SplitMix64's mixing steps on the ``uint64`` array ``z`` in place (one scratch array for
+    the shifts: a large temporary per shift costs more than the arithmetic). Array arithmetic
+    wraps mod 2⁶⁴ without a warning (only NumPy's scalar arithmetic checks for overflow)."""
     t = np.empty_like(z)
-    with np.errstate(over="ignore"):
-        np.right_shift(z, np.uint64(30), out=t)
-        z ^= t
-        z *= np.uint64(0xBF58476D1CE4E5B9)
-        np.right_shift(z, np.uint64(27), out=t)
-        z ^= t
-        z *= np.uint64(0x94D049BB133111EB)
-        np.right_shift(z, np.uint64(31), out=t)
-        z ^= t
+    np.right_shift(z, _SHIFTS[0], out=t)
+    z ^= t
+    z *= _MUL1
+    np.right_shift(z, _SHIFTS[1], out=t)
+    z ^= t
+    z *= _MUL2
+    np.right_shift(z, _SHIFTS[2], out=t)
+    z ^= t
     return z
 
 
@@ -70,9 +76,8 @@ def splitmix64_array(z: np.ndarray) -> np.ndarray:
 def splitmix64_grid(keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """Output ``positions[j]`` of the stream seeded by ``keys[i]``, as a (keys, positions)
     ``uint64`` array: :func:`splitmix64_at` over the grid, with one temporary."""
-    with np.errstate(over="ignore"):
-        step = (positions.astype(np.uint64) + np.uint64(1)) * _GAMMA  # z + γ of each position
-        return _mix64_(np.add(keys.astype(np.uint64)[:, None], step[None, :]))
+    step = (positions.astype(np.uint64) + np.uint64(1)) * _GAMMA  # z + γ of each position
+    return _mix64_(np.add(keys.astype(np.uint64)[:, None], step[None, :]))
 
 
 def counter_key(seed: int, purpose: str, *ids: int) -> int:
@@ -83,12 +88,18 @@ def counter_key(seed: int, purpose: str, *ids: int) -> int:
     return key
 
 
+@functools.lru_cache(maxsize=256)
+def _purpose_key(seed: int, purpose: str) -> np.uint64:
+    return np.uint64(counter_key(seed, purpose))
+
+
 def counter_keys(seed: int, purpose: str, *ids: np.ndarray) -> np.ndarray:
     """:func:`counter_key` element-wise over arrays of ids (one ``uint64`` key per element)."""
-    key = np.uint64(counter_key(seed, purpose))
-    out = np.full(np.broadcast_shapes(*(np.shape(i) for i in ids)), key, dtype=np.uint64)
-    for i in ids:
-        out = splitmix64_array(out ^ np.asarray(i).astype(np.uint64))
+    arrays = [np.asarray(i).astype(np.uint64) for i in ids]
+    shape = np.broadcast(*arrays).shape if arrays else ()
+    out = np.full(shape, _purpose_key(seed, purpose), dtype=np.uint64)
+    for a in arrays:
+        out = splitmix64_array(out ^ a)
     return out
 
 
