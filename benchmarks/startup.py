@@ -22,8 +22,9 @@ Before the first run, fedclock's package (and the baseline's) and ``benchmarks/`
 byte-compiled (:func:`_compile_sources`): both sides start with their modules' bytecode
 cached, as an installed package does (pip compiles at install; an editable install writes
 the cache at its first import). Without it, a machine that sets ``PYTHONDONTWRITEBYTECODE``
-— ours do — compiled fedclock's 88 modules from source at every start (0.19–0.33 s on
-2 cores, docs/benchmarks.md), a cost no user's second run pays.
+— ours do — compiled fedclock's modules from source at every start (a W2 run's median
+first round and wall 0.08–0.12 s later, docs/benchmarks.md), a cost no user's second run
+pays.
 Targets (issue 18): fedclock's wall ≤ 1.1× the floor's, peak RSS ≤ 1.2× the floor's.
 ``--quick`` runs 2 rounds of w1 and 20 of w2 (the whole data is still generated).
 
