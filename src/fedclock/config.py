@@ -54,7 +54,8 @@ def _no_huge_floats(model: BaseModel) -> None:
 
 
 class _Section(BaseModel):
-    # NaN and ±inf are refused in every field (a config that says .inf means a mistake)
+    # NaN and ±inf are refused in every field (a config that says .inf means a mistake);
+    # validators are built at first use (defer_build), so an import builds none of the 60
     model_config = ConfigDict(
         extra="forbid", validate_assignment=True, allow_inf_nan=False, defer_build=True
     )
