@@ -500,6 +500,7 @@ def _slow_nodes(
 
 
 @app.command()
+# (over 80 lines: its typer options are its signature; the body checks them and hands over)
 def deploy(
     config: ConfigArg = None,
     preset: PresetOpt = None,
