@@ -129,3 +129,29 @@ def test_the_documented_order_is_the_tested_one() -> None:
     import re
 
     assert tuple(re.findall(r"`(\w+)`", doc)) == ORDER
+
+
+def test_a_function_over_80_lines_says_why() -> None:
+    """Issue 42: no function longer than 80 lines (decorators included) without a comment
+    just above its ``def`` (or its decorators) saying why it is not split ("over 80
+    lines: …")."""
+    bare = []
+    for path in sorted(PKG.rglob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+            if (node.end_lineno or node.lineno) - start + 1 <= 80:
+                continue
+            # the comment lines right above the first decorator, and any between the
+            # decorators and the def
+            above = []
+            at = start - 2
+            while at >= 0 and lines[at].lstrip().startswith("#"):
+                above.append(lines[at])
+                at -= 1
+            above += lines[start - 1 : node.lineno - 1]
+            if "over 80 lines" not in " ".join(above):
+                bare.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
+    assert not bare, f"over 80 lines without a comment saying why: {bare}"
