@@ -332,6 +332,65 @@ def test_without_flower_the_flower_engine_says_how_to_install_it(tmp_path: Path)
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--superlink", "10.0.0.5:9093"], "is not this machine"),
+        (["--superlink", "fleet.example.org:9093", "--insecure"], "is not this machine"),
+        (["--superlink", "127.0.0.1:9093"], "say so with --insecure"),
+        (["--superlink", "[::1]:9093", "--root-certificates", "ca.crt"], "is not a file"),
+        (["--insecure"], "goes with --superlink"),
+        (["--engine", "threads", "--insecure"], "go with --engine flower"),
+    ],
+)
+def test_an_insecure_connection_is_refused_unless_asked_for_on_localhost(
+    tmp_path: Path, args: list[str], words: str
+) -> None:
+    """Model updates never cross a network in plain text by default: `--superlink` to another
+    host needs its CA certificate; to this machine, TLS or an explicit --insecure. Refused
+    in one sentence before anything starts (no run folder)."""
+    from fedclock.deploy.local import check_superlink_security
+
+    run = tmp_path / "run"
+    res = CliRunner().invoke(app, ["deploy", "--local", "2", "--out", str(run), *args])
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and words in lines[0], res.output
+    assert not run.exists()
+    for ok in ("127.0.0.1:9093", "localhost:9093", "[::1]:9093", "127.0.0.2"):
+        check_superlink_security(ok, None, True)
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    check_superlink_security("fleet.example.org:9093", ca, False)
+    check_superlink_security(None, None, False)
+
+
+def test_the_flower_folder_is_written_whole_and_never_through_links(tmp_path: Path) -> None:
+    """RUN/flower's app and connection files are written atomically; a link in its place
+    (or as its logs folder, or as a log file) is refused and its target left alone."""
+    from fedclock.deploy.local import _flower_home, _log_file
+    from fedclock.errors import ConfigError
+
+    run = tmp_path / "run"
+    home, app_dir, env = _flower_home(run, "127.0.0.1:9093")
+    assert (home / "config.toml").read_text().endswith("insecure = true\n")
+    assert (app_dir / "fedclock_app.py").is_file() and env["FLWR_HOME"] == str(home)
+    assert not [p for p in home.rglob(".*.tmp")]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine\n")
+    (home / "logs").rmdir()
+    (home / "logs").symlink_to(mine, target_is_directory=True)
+    with pytest.raises(ConfigError, match="logs is a symbolic link"):
+        _flower_home(run, "127.0.0.1:9093")
+    (home / "logs").unlink()
+    (home / "logs").mkdir()
+    (home / "logs" / "superlink.log").symlink_to(mine / "keep.txt")
+    with pytest.raises(ConfigError, match=r"superlink\.log is a symbolic link"):
+        _log_file(home / "logs" / "superlink.log")
+    assert [p.name for p in mine.iterdir()] == ["keep.txt"]
+    assert (mine / "keep.txt").read_text() == "mine\n"
+
+
 def test_a_failed_flower_run_names_the_server_apps_error(tmp_path: Path) -> None:
     from fedclock.deploy.local import last_error
 

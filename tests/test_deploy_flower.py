@@ -124,7 +124,8 @@ def test_a_run_submitted_to_a_running_superlink(tmp_path: Path) -> None:
                                    f"partition-id={i}"], env=env, stdout=sp.DEVNULL,
                                   stderr=sp.DEVNULL, start_new_session=True))  # fmt: skip
         res = CliRunner().invoke(app, [
-            "deploy", "--superlink", f"127.0.0.1:{link}", "--local", "2", "--timeout", "300",
+            "deploy", "--superlink", f"127.0.0.1:{link}", "--insecure", "--local", "2",
+            "--timeout", "300",
             "--set", "budget.virtual_time=20", "--out", str(tmp_path / "run"), "--json", "-q",
         ])  # fmt: skip
     assert res.exit_code == 0, res.stderr or res.stdout

@@ -356,3 +356,44 @@ def test_an_io_error_is_one_sentence_naming_the_file(tmp_path: Path, monkeypatch
     res = runner.invoke(app, ["run", _cfg(tmp_path), "--out", str(tmp_path / "r"), "-q"])
     line = _refused(res, "summary.json", "input/output error", "check it", "--resume")
     assert line.endswith(".")
+
+
+def test_a_linked_folder_under_out_is_refused_and_nothing_outside_changes(
+    tmp_path: Path,
+) -> None:
+    """A strategy's or a cell's folder under a comparison's ``--out`` that is a symbolic link
+    (to a fedclock run elsewhere, or to any folder) is refused in one sentence before any
+    compute; the linked folder's files are left exactly as they were. A linked ``--out``
+    itself is the user's choice and is written into."""
+    cfg = _cfg(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    argv = ["compare", cfg, "--strategies", "fedavg", "--seeds", "1", "-q"]
+    assert runner.invoke(app, [*argv, "--out", str(elsewhere)]).exit_code == 0
+    outside = elsewhere / "runs" / "fedavg"  # a whole fedclock strategy folder
+    for linked in ("runs/fedavg", "runs/fedavg/seed-1", "runs"):
+        out = tmp_path / f"cmp-{linked.replace('/', '-')}"
+        target = (
+            outside
+            if linked.endswith("fedavg")
+            else (outside / "seed-1" if linked.endswith("seed-1") else elsewhere / "runs")
+        )
+        (out / linked).parent.mkdir(parents=True, exist_ok=True)
+        (out / linked).symlink_to(target, target_is_directory=True)
+        before = _snapshot(elsewhere)
+        line = _refused(runner.invoke(app, [*argv, "--out", str(out)]), "symbolic link")
+        assert str(out / linked.split("/")[0]) in line or str(out / linked) in line, line
+        assert _snapshot(elsewhere) == before
+        sweep = ["sweep", cfg, "--over", "train.lr=0.1", "--strategies", "fedavg", "-q",
+                 "--out", str(out)]  # fmt: skip
+        if linked == "runs":
+            _refused(runner.invoke(app, sweep), "symbolic link")
+            assert _snapshot(elsewhere) == before
+    # --out itself a link: the user's choice, written through
+    link_out = tmp_path / "link-out"
+    link_out.symlink_to(tmp_path / "real-out", target_is_directory=True)
+    (tmp_path / "real-out").mkdir()
+    assert runner.invoke(app, [*argv, "--out", str(link_out)]).exit_code == 0
+    assert (tmp_path / "real-out" / "runs" / "fedavg" / "seed-1" / "summary.json").is_file()
+    # a linked run folder given to `run --out`: its own sentence, not "is a file"
+    res = runner.invoke(app, ["run", cfg, "--out", str(out / "runs")])
+    _refused(res, "symbolic link")

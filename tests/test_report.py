@@ -596,6 +596,9 @@ def test_every_view_takes_its_headline_metrics_from_the_one_list(tmp_path, monke
         ("summary.json", b"\xff\xfe", "is damaged"),
         ("metrics.csv", bytes(range(256)), "not a run's metrics table"),
         ("metrics.csv", b"virtual_time,aggregation,test_accuracy\n0,0,0.1\n1,1,nan?\n", "line 3"),
+        ("metrics.csv", b"", "it is empty"),
+        ("metrics.csv", b"virtual_time,aggregation\nnan,0\n", "not a finite number"),
+        ("metrics.csv", b"aggregation,test_accuracy\n0,0.1\n", "no column 'virtual_time'"),
     ],
 )
 def test_a_run_folder_with_a_damaged_file_still_has_the_rest_of_its_report(

@@ -264,3 +264,30 @@ def test_report_on_a_damaged_timeline_names_the_line_and_writes_the_rest(
     assert len([x for x in res.output.splitlines() if x.strip()]) <= 6
     page = (run_dir / "report.html").read_text()
     assert words in page.replace("&#x27;", "'") and "test accuracy" in page.lower()
+    assert "Damaged files" in page  # listed first, and said on the terminal
+    assert any(TIMELINE_FILE in x and "left out" in x for x in res.output.splitlines()), res.output
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [(b"\xff\xfe\x00garbage", "not UTF-8 text"), (b"", "its first line differs")],
+)
+def test_a_timeline_that_is_not_text_is_one_sentence(
+    content: bytes, words: str, tmp_path: Path
+) -> None:
+    """A timeline.csv that is not UTF-8 (or empty): the reader's sentence names the file, not
+    the codec; `report` still writes the page and lists the file as damaged."""
+    from typer.testing import CliRunner
+
+    from fedclock.cli import app
+
+    run_dir, _ = _run(tmp_path, "drop-stragglers")
+    path = run_dir / TIMELINE_FILE
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=words) as err:
+        read_timeline(path)
+    assert str(path) in str(err.value) and "codec" not in str(err.value)
+    res = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    page = (run_dir / "report.html").read_text()
+    assert "Damaged files" in page and words in page

@@ -187,7 +187,12 @@ def _fresh_run_dir(out: Path | None, cfg: Any) -> None:
         return
     if not (out.exists() or out.is_symlink()):
         return
-    if out.is_symlink() or not out.is_dir():
+    if out.is_symlink():
+        raise ConfigError(
+            f"--out {out} is a symbolic link; fedclock writes a run only into a folder, not "
+            "through links: give the folder it leads to."
+        )
+    if not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a folder for the run.")
     # (a checkpoint being written when the process was killed leaves a temporary file)
     names = {p.name for p in out.iterdir() if not is_temporary(p.name)}
@@ -552,9 +557,16 @@ def deploy(
         Path | None,
         typer.Option(
             "--root-certificates",
-            help="With --superlink: the CA certificate of its TLS (without it: --insecure).",
+            help="With --superlink: the CA certificate of its TLS.",
         ),
     ] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="With --superlink on this machine (localhost only): connect without TLS.",
+        ),
+    ] = False,
     out: Annotated[
         Path | None,
         typer.Option("--out", "-o", help="Run directory (default runs/<name>-<strategy>-<time>)."),
@@ -572,8 +584,14 @@ def deploy(
     with _user_errors():
         if engine not in ("flower", "threads"):
             raise ConfigError(f"--engine {engine!r}: choose flower or threads.")
-        if engine == "threads" and (superlink is not None or root_certificates is not None):
-            raise ConfigError("--superlink and --root-certificates go with --engine flower.")
+        if engine == "threads" and (superlink, root_certificates, insecure) != (None, None, False):
+            raise ConfigError(
+                "--superlink, --root-certificates and --insecure go with --engine flower."
+            )
+        if engine == "flower":
+            from fedclock.deploy.local import check_superlink_security
+
+            check_superlink_security(superlink, root_certificates, insecure)
         sets = [*(set_ or []), f"partition.num_clients={local}"]
         cfg = _load(config, preset, sets, data_dir, console=console)
         _fresh_run_dir(out, cfg)

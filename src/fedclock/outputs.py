@@ -308,11 +308,34 @@ def is_run_folder(folder: Path) -> bool:
     return isinstance(data, dict) and isinstance(data.get("versions"), dict)
 
 
+def check_no_links(root: Path, path: Path) -> None:
+    """ConfigError if a folder (or file) from ``root`` down to ``path`` is a symbolic link: a
+    comparison's or sweep's runs are written inside its ``--out``, never through a link that
+    may lead out of it (``root`` itself, the folder the user gave, may be a link)."""
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        parts = ()
+    here = root
+    for part in parts:
+        here = here / part
+        if here.is_symlink():
+            raise ConfigError(
+                f"{here} is a symbolic link; fedclock writes a comparison's or sweep's runs "
+                f"only inside its --out {root}, not through links: remove the link."
+            )
+
+
 def check_run_folder(folder: Path) -> None:
     """ConfigError unless ``folder`` is absent, empty or holds a fedclock run."""
     if not os.path.lexists(folder):
         return
-    if folder.is_symlink() or not folder.is_dir():
+    if folder.is_symlink():
+        raise ConfigError(
+            f"{folder} is a symbolic link; fedclock writes a run into a folder of its own, "
+            "not through links: remove the link or give another --out."
+        )
+    if not folder.is_dir():
         raise ConfigError(f"{folder} is a file; fedclock writes a run into a folder.")
     if not is_run_folder(folder):
         meta = folder / "meta.json"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedclock.errors import ConfigError
-from fedclock.outputs import write_atomic
+from fedclock.outputs import check_no_links, write_atomic
 
 
 @dataclass(frozen=True)
@@ -198,6 +198,7 @@ def check_tour_folder(out: Path, *, steps: bool = True) -> None:
         from fedclock.runs.grid import check_grid_folder
 
         for step in STEPS:  # each step's comparison folder: its tables, plots, report
+            check_no_links(out, out / step.folder)
             check_grid_folder(out / step.folder, [])
 
 

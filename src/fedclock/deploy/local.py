@@ -27,6 +27,7 @@ from typing import Any
 from fedclock.deploy.device import DeviceWorker
 from fedclock.deploy.wire import Payload
 from fedclock.errors import ConfigError
+from fedclock.outputs import check_no_links, write_atomic
 
 
 class LocalDevices:
@@ -223,6 +224,46 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+#: the hosts ``--insecure`` may name: this machine
+LOCALHOST = ("localhost", "127.0.0.1", "::1")
+
+
+def check_superlink_security(
+    superlink: str | None, root_certificates: Path | None, insecure: bool
+) -> None:
+    """ConfigError unless the connection to ``superlink`` is TLS (``root_certificates``) or
+    an explicitly ``insecure`` one to this machine: model updates never cross a network in
+    plain text by default."""
+    if superlink is None:
+        if insecure:
+            raise ConfigError(
+                "--insecure goes with --superlink (a local fleet is on 127.0.0.1 already)."
+            )
+        return
+    if root_certificates is not None:
+        if insecure:
+            raise ConfigError("--insecure and --root-certificates exclude each other: choose one.")
+        if not root_certificates.is_file():
+            raise ConfigError(f"--root-certificates {root_certificates} is not a file.")
+        return
+    host = superlink  # HOST, HOST:PORT or [IPv6]:PORT
+    if host.startswith("[") and "]" in host:
+        host = host[1 : host.index("]")]
+    elif host.count(":") == 1:
+        host = host.split(":")[0]
+    local = host.lower() in LOCALHOST or host.startswith("127.")
+    if not local:
+        raise ConfigError(
+            f"--superlink {superlink} is not this machine and no --root-certificates was given: "
+            "give the SuperLink's CA certificate (an insecure connection is only for localhost)."
+        )
+    if not insecure:
+        raise ConfigError(
+            f"--superlink {superlink} without --root-certificates is an insecure connection: "
+            "say so with --insecure (localhost only), or give the SuperLink's CA certificate."
+        )
+
+
 def _flower_home(
     run_dir: Path, address: str, *, root_certificates: Path | None = None
 ) -> tuple[Path, Path, dict[str, str]]:
@@ -230,22 +271,40 @@ def _flower_home(
     and the environment its commands run in: (home, app folder, environment)."""
     home = run_dir.resolve() / "flower"  # (Flower needs an absolute FLWR_HOME)
     app = home / "app"
+    check_no_links(run_dir.resolve(), app)
     app.mkdir(parents=True, exist_ok=True)
-    (app / "pyproject.toml").write_text(APP_PYPROJECT)
-    (app / "fedclock_app.py").write_text(APP_MODULE)
+    write_atomic(app / "pyproject.toml", APP_PYPROJECT)
+    write_atomic(app / "fedclock_app.py", APP_MODULE)
     security = "insecure = true\n"
     if root_certificates is not None:
         security = f'root-certificates = "{root_certificates.resolve()}"\n'
-    (home / "config.toml").write_text(
+    write_atomic(
+        home / "config.toml",
         f'[superlink]\ndefault = "fedclock"\n\n[superlink.fedclock]\naddress = "{address}"\n'
-        + security
+        + security,
     )
+    check_no_links(home, home / "logs")
     (home / "logs").mkdir(exist_ok=True)
     # (a local SuperLink and SuperNodes start flwr-serverapp / flwr-clientapp from PATH: this
     # Python's scripts first, so that they import this fedclock)
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_UPDATE_CHECK": "1", "PATH": path}
     return home, app, env
+
+
+def _log_file(path: Path) -> Any:
+    """``path`` opened for a process's output, never through a link (refused in one
+    sentence)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if path.is_symlink():
+            raise ConfigError(
+                f"{path} is a symbolic link; fedclock writes only its own files, not through "
+                "links: remove the link."
+            ) from None
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    return os.fdopen(fd, "wb")
 
 
 def _flwr_run(
@@ -259,7 +318,7 @@ def _flwr_run(
     )
     cmd = [_executable("flwr"), "run", str(app), "fedclock", "--run-config", run_config,
            "--stream"]  # fmt: skip
-    with (logs / "flwr-run.log").open("wb") as out:
+    with _log_file(logs / "flwr-run.log") as out:
         run = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                start_new_session=True)  # fmt: skip
         procs.append(run)
@@ -283,7 +342,7 @@ def run_flower_local(
     logs = home / "logs"
 
     def start(cmd: list[str], name: str, procs: list[subprocess.Popen[bytes]]) -> None:
-        out = (logs / f"{name}.log").open("wb")
+        out = _log_file(logs / f"{name}.log")
         procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                       start_new_session=True))  # fmt: skip
 

@@ -259,14 +259,23 @@ def read_timeline(path: Path) -> Timeline:
     the file and the line) if it is not one or is damaged — a row without the timeline's
     columns, a blank line, a number that is not a finite number, an outcome it does not know,
     a first line that is not the counts object (a 10,000-task file in about 60 ms)."""
-    with path.open(newline="", encoding="utf-8") as fh:
-        first = fh.readline()
-        if not first.startswith(MAGIC):
-            raise ValueError(f"{path} is not a fedclock device timeline (its first line differs).")
-        meta = _read_counts(path, first[len(MAGIC) :])
-        if not fh.readline().startswith("#"):  # (the line of words)
-            raise ValueError(f"{path}, line 2: not the timeline's description line.")
-        rows = list(csv.reader(fh))
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            first = fh.readline()
+            if not first.startswith(MAGIC):
+                raise ValueError(
+                    f"{path} is not a fedclock device timeline (its first line differs)."
+                )
+            meta = _read_counts(path, first[len(MAGIC) :])
+            if not fh.readline().startswith("#"):  # (the line of words)
+                raise ValueError(f"{path}, line 2: not the timeline's description line.")
+            rows = list(csv.reader(fh))
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"{path} is not a fedclock device timeline: it is not UTF-8 text."
+        ) from None
+    except csv.Error as exc:
+        raise ValueError(f"{path} is not a fedclock device timeline ({str(exc)[:60]}).") from None
     if not rows or tuple(rows[0]) != COLUMNS:
         raise ValueError(f"{path}, line 3: not the timeline's column names.")
     task_rows, agg_rows = [], []

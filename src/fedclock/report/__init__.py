@@ -385,6 +385,9 @@ def timeline_section(
     try:
         tl = read_timeline(path)
     except (OSError, ValueError) as exc:
+        seen = _DAMAGED.get()  # (listed first on the page, and said on the terminal)
+        if seen is not None and str(exc) not in seen:
+            seen.append(str(exc))
         return f"<p class=figerr>{_esc(exc)}</p>"
     if not len(tl):
         return "<p class=note>No task was dispatched in this run.</p>"

@@ -21,6 +21,7 @@ import yaml
 from fedclock.config import ExperimentConfig, apply_overrides, cell_raw, load_yaml, validate
 from fedclock.errors import ConfigError, short
 from fedclock.outputs import (
+    check_no_links,
     check_run_folder,
     check_writable,
     clean_temporaries,
@@ -104,6 +105,7 @@ def check_grid_folder(out: Path, run_dirs: Sequence[Path]) -> None:
     if out.is_dir():
         clean_temporaries(out)  # (left by a process killed while writing)
     for run_dir in run_dirs:
+        check_no_links(out, run_dir)
         check_run_folder(run_dir)
 
 
