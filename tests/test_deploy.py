@@ -260,6 +260,41 @@ def test_a_failing_device_is_recorded_and_the_round_closes(tmp_path: Path) -> No
     assert all("battery empty" in x["reason"] for x in res.summary["deployment"]["rejected"])
 
 
+def test_a_device_that_never_replies_is_given_up_at_the_round_timeout(tmp_path: Path) -> None:
+    """FedAvg's barrier has no deadline: a device that hangs would stall every round. With a
+    round timeout its task is given up (rejected with the reason, lost to the trigger) and
+    the round closes with the others; without one, no round closes in the same time."""
+    import threading
+
+    release = threading.Event()
+
+    def hang(client: int, p: Payload) -> Payload:
+        if client == 0:
+            release.wait(10.0)  # (a device that never answers, within the run)
+        return p
+
+    cfg = _cfg("strategy.name=fedavg", "budget.virtual_time=1.5")
+    try:
+        res = deploy(cfg, tmp_path / "timeout", LocalDevices(cfg, tamper=hang),
+                     engine_name="threads", round_timeout_s=0.25)  # fmt: skip
+        stalled = deploy(cfg, tmp_path / "stalled", LocalDevices(cfg, tamper=hang),
+                         engine_name="threads")  # fmt: skip
+    finally:
+        release.set()
+    s = res.summary
+    assert res.error is None and s["status"] == "completed" and s["aggregations"] >= 2
+    dep = s["deployment"]
+    assert dep["round_timeout_s"] == 0.25 and dep["rejected"]
+    assert {x["client"] for x in dep["rejected"]} == {0}
+    assert all("round timeout of 0.25 s" in x["reason"] for x in dep["rejected"])
+    rows = _timeline(tmp_path / "timeout")
+    given_up = [r for r in rows if r["client"] == "0" and r["outcome"] == "rejected"]
+    assert given_up and all(
+        float(r["t_end"]) - float(r["t_start"]) == pytest.approx(0.25, abs=0.2) for r in given_up
+    )
+    assert stalled.summary["aggregations"] == 0 and stalled.summary["deployment"]["rejected"] == []
+
+
 def test_the_deploy_command_writes_a_run_folder_and_report(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, [
         "deploy", "--engine", "threads", "--local", "3", "--slow", "2=3",

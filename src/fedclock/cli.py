@@ -544,6 +544,14 @@ def deploy(
     timeout: Annotated[
         float, typer.Option("--timeout", help="Give up after this many seconds (flower).")
     ] = 600.0,
+    round_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--round-timeout",
+            help="Give up a task with no reply this many seconds after it was sent (counted "
+            "rejected; its round closes without it). Default: wait, or the strategy's deadline.",
+        ),
+    ] = None,
     superlink: Annotated[
         str | None,
         typer.Option(
@@ -592,6 +600,10 @@ def deploy(
             from fedclock.deploy.local import check_superlink_security
 
             check_superlink_security(superlink, root_certificates, insecure)
+        if round_timeout is not None and not 0 < round_timeout < math.inf:
+            raise ConfigError(
+                f"--round-timeout must be a positive number of seconds, got {round_timeout:g}."
+            )
         sets = [*(set_ or []), f"partition.num_clients={local}"]
         cfg = _load(config, preset, sets, data_dir, console=console)
         _fresh_run_dir(out, cfg)
@@ -608,7 +620,7 @@ def deploy(
             with _progress(console, quiet) as progress:
                 result = deploy_run(
                     cfg, run_dir, LocalDevices(cfg, slow=slowed, speed=speeds),
-                    engine_name="threads",
+                    engine_name="threads", round_timeout_s=round_timeout,
                     argv=sys.argv, progress=_Bar(progress, cfg, cfg.strategy.name),
                 )  # fmt: skip
             summary, error = result.summary, result.error
@@ -630,11 +642,12 @@ def deploy(
                 code = run_flower_remote(
                     config_path, run_dir, local, superlink=superlink,
                     root_certificates=root_certificates, timeout=timeout,
+                    round_timeout=round_timeout,
                 )  # fmt: skip
             else:
                 console.print(f"starting a Flower SuperLink and {local} SuperNodes on 127.0.0.1 …")
-                code = run_flower_local(config_path, run_dir, local, slow=slowed,
-                                        speed=speeds, timeout=timeout)  # fmt: skip
+                code = run_flower_local(config_path, run_dir, local, slow=slowed, speed=speeds,
+                                        timeout=timeout, round_timeout=round_timeout)  # fmt: skip
             got = read_summary(run_dir)
             if code != 0 or got is None:
                 logs = run_dir / "flower" / "logs"

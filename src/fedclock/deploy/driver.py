@@ -73,7 +73,11 @@ class RealTimeDriver(Simulator):
 
     ``transport``: the devices; ``budget_s``: the relative time budget each task carries
     (the strategy's deadline t_max; None: none); ``cut``: what a device may cut to meet it
-    (``suffix``: SALF's layer suffix; ``none``: it trains in full and may be late).
+    (``suffix``: SALF's layer suffix; ``none``: it trains in full and may be late);
+    ``round_timeout_s``: a task without a reply this many seconds after its dispatch is given
+    up — rejected with that reason and reported to the trigger as lost, so a barrier round
+    closes with the others instead of waiting for a device that never answers (its reply, if
+    it still comes, is counted late and discarded); None: wait for every reply.
     """
 
     real_time = True
@@ -84,6 +88,7 @@ class RealTimeDriver(Simulator):
         transport: Transport,
         budget_s: float | None = None,
         cut: str = "none",
+        round_timeout_s: float | None = None,
         population: Any,
         **kwargs: Any,
     ) -> None:
@@ -107,8 +112,13 @@ class RealTimeDriver(Simulator):
                 f"Strategy '{strategy.name}' cannot be deployed yet: its {', '.join(unsent)} "
                 f"work cannot be sent to a device (deployable: {', '.join(SHAPES)})."
             )
+        if round_timeout_s is not None and not 0 < round_timeout_s < math.inf:
+            raise ConfigError(
+                f"The round timeout must be a positive number of seconds, got {round_timeout_s}."
+            )
         self.transport = transport
         self.budget_s = budget_s
+        self.round_timeout_s = round_timeout_s
         self.cut = cut
         needs = getattr(strategy, "needs", None)
         self.layout = getattr(needs, "layout", None)
@@ -216,6 +226,16 @@ class RealTimeDriver(Simulator):
         self.rejections.append((task.task_id, task.client, reason))
         self.strategy.on_lost(self.ctx, task)  # type: ignore[attr-defined]
 
+    def _time_out(self) -> float:
+        """Give up the tasks in flight past the round timeout; when the next one is due."""
+        limit = self.round_timeout_s
+        if limit is None or not self._in_flight:
+            return math.inf
+        for task in [t for t in self._in_flight.values() if self.now >= t.t_start + limit]:
+            self._closed[task.task_id] = task  # (a reply that still comes is late)
+            self._reject(task, f"no reply within the round timeout of {limit:g} s")
+        return min((t.t_start + limit for t in self._in_flight.values()), default=math.inf)
+
     def _reply(self, task_id: int, reply: Payload | str) -> None:
         task = self._in_flight.get(task_id)
         if task is None:  # cut at a deadline, or not ours: never used
@@ -278,6 +298,7 @@ class RealTimeDriver(Simulator):
                 self.stop_reason = StopReason.VIRTUAL_TIME
                 break
             due = heap[0][0] if heap else math.inf
+            due = min(due, self._time_out())
             wait = max(0.0, min(due, t_end) - now)
             if self._in_flight:
                 replies = self.transport.poll(min(wait, 1.0))
@@ -291,6 +312,8 @@ class RealTimeDriver(Simulator):
                 self._reply(task_id, reply)
                 for f in after_event:
                     f(self)
+            if self.stop_reason is None:
+                self._time_out()
             while heap and heap[0][0] <= self.now and self.stop_reason is None:
                 t, _, kind, payload = heapq.heappop(heap)
                 if kind == _TIMER:

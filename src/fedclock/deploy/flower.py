@@ -116,7 +116,9 @@ def _server(grid: Grid, context: Context) -> None:
     cfg = load_config(Path(str(rc["config"])))
     nodes = _node_clients(grid, int(rc["nodes"]), float(rc["wait"]))
     transport = FlowerTransport(grid, nodes, to_yaml(cfg))
-    result = deploy(cfg, Path(str(rc["out"])), transport, engine_name="flower")
+    limit = float(rc.get("round_timeout", 0.0))  # (0: none)
+    result = deploy(cfg, Path(str(rc["out"])), transport, engine_name="flower",
+                    round_timeout_s=limit if limit > 0 else None)  # fmt: skip
     if result.error:
         raise RuntimeError(result.error)
 

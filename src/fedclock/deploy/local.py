@@ -50,7 +50,11 @@ class LocalDevices:
         self.speed = dict(speed or {})
         self.tamper = tamper
         n = cfg.partition.num_clients
-        self._pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="device")
+        # one thread per device, as each real device works on one task at a time: a device
+        # that hangs holds up its own tasks only
+        self._pools = {
+            c: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"device-{c}") for c in range(n)
+        }
         # each device holds its data before the run starts (as a real one would)
         self._workers = {
             c: DeviceWorker(cfg, c, slow=self.slow.get(c, 1.0), flops_per_s=self.speed.get(c))
@@ -71,7 +75,7 @@ class LocalDevices:
             self._replies.put((task_id, f"{type(exc).__name__}: {exc}"))
 
     def send(self, task_id: int, client: int, payload: Payload) -> None:
-        self._pool.submit(self._run, task_id, client, payload)
+        self._pools[client].submit(self._run, task_id, client, payload)
 
     def poll(self, timeout: float) -> list[tuple[int, Payload | str]]:
         out: list[tuple[int, Payload | str]] = []
@@ -86,7 +90,8 @@ class LocalDevices:
                 return out
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in self._pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 # ---------------------------------------------------------------- Flower on localhost
@@ -309,12 +314,13 @@ def _log_file(path: Path) -> Any:
 
 def _flwr_run(
     config_path: Path, run_dir: Path, nodes: int, *, app: Path, env: dict[str, str],
-    timeout: float, procs: list[subprocess.Popen[bytes]],
+    timeout: float, procs: list[subprocess.Popen[bytes]], round_timeout: float | None = None,
 ) -> int:  # fmt: skip
     """`flwr run` of fedclock's app on the connection ``env`` names; its exit status."""
     logs = Path(env["FLWR_HOME"]) / "logs"
     run_config = (
         f"config='{config_path.resolve()}' out='{run_dir.resolve()}' nodes={nodes} wait={timeout}"
+        f" round_timeout={float(round_timeout or 0.0)}"
     )
     cmd = [_executable("flwr"), "run", str(app), "fedclock", "--run-config", run_config,
            "--stream"]  # fmt: skip
@@ -332,7 +338,7 @@ def _flwr_run(
 
 def run_flower_local(
     config_path: Path, run_dir: Path, nodes: int, *, slow: dict[int, float], timeout: float,
-    speed: dict[int, float] | None = None,
+    speed: dict[int, float] | None = None, round_timeout: float | None = None,
 ) -> int:  # fmt: skip
     """A SuperLink and ``nodes`` SuperNodes on localhost, then `flwr run` of fedclock's app on
     them (the run's config ``config_path``, its folder ``run_dir``); everything is stopped
@@ -358,12 +364,12 @@ def run_flower_local(
                    f"127.0.0.1:{link}", "--host", "127.0.0.1", "--port", str(port),
                    "--node-config", node_config], f"supernode-{i}", procs)  # fmt: skip
         return _flwr_run(config_path, run_dir, nodes, app=app, env=env, timeout=timeout,
-                         procs=procs)  # fmt: skip
+                         procs=procs, round_timeout=round_timeout)  # fmt: skip
 
 
 def run_flower_remote(
     config_path: Path, run_dir: Path, nodes: int, *, superlink: str,
-    root_certificates: Path | None, timeout: float,
+    root_certificates: Path | None, timeout: float, round_timeout: float | None = None,
 ) -> int:  # fmt: skip
     """`flwr run` of fedclock's app on a running SuperLink (``superlink``: its address; TLS
     with ``root_certificates``, else insecure) whose ``nodes`` SuperNodes each name their
@@ -372,7 +378,7 @@ def run_flower_remote(
     _, app, env = _flower_home(run_dir, superlink, root_certificates=root_certificates)
     with _processes() as procs:
         return _flwr_run(config_path, run_dir, nodes, app=app, env=env, timeout=timeout,
-                         procs=procs)  # fmt: skip
+                         procs=procs, round_timeout=round_timeout)  # fmt: skip
 
 
 def last_error(log_file: Path) -> str | None:

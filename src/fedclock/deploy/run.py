@@ -35,17 +35,20 @@ def deploy(
     engine_name: str,
     argv: list[str] | None = None,
     progress: Any = None,
+    round_timeout_s: float | None = None,
 ) -> RunResult:
     """Run ``cfg``'s strategy on the devices behind ``transport`` in real time: a deadline
     (the trigger's t_max) travels to each device as its budget; SALF's devices may cut their
-    work to a layer suffix to meet it."""
+    work to a layer suffix to meet it. ``round_timeout_s``: a task without a reply that long
+    after its dispatch is given up as lost (:class:`RealTimeDriver`)."""
     holder: dict[str, RealTimeDriver] = {}
 
     def engine(**kwargs: Any) -> RealTimeDriver:
         strategy = kwargs["strategy"]
         t_max = getattr(strategy.trigger, "t_max", None)
         cut = "suffix" if Suffix in strategy.needs.shapes else "none"
-        driver = RealTimeDriver(transport=transport, budget_s=t_max, cut=cut, **kwargs)
+        driver = RealTimeDriver(transport=transport, budget_s=t_max, cut=cut,
+                                round_timeout_s=round_timeout_s, **kwargs)  # fmt: skip
         driver.on_finish = lambda d: strategy.summary.update(
             {DEPLOYMENT_KEY: report(d, engine_name)}
         )
@@ -65,6 +68,7 @@ def report(driver: RealTimeDriver, engine_name: str) -> dict[str, Any]:
     return {
         "engine": engine_name,
         "clock": "wall",
+        "round_timeout_s": driver.round_timeout_s,
         "device_flops_per_s": {str(c): s for c, s in sorted(driver.speeds.items())},
         "device_link_bytes_per_s": {str(c): b for c, b in sorted(driver.links.items())},
         "rejected": [{"task_id": t, "client": c, "reason": why} for t, c, why in driver.rejections],
