@@ -158,6 +158,51 @@ def test_oort_pacer_relaxes_the_preferred_duration_when_utility_is_flat() -> Non
     assert o.round_threshold == 30.0
 
 
+def test_oorts_fedscale_constants_are_options() -> None:
+    """The uncertainty c of √(c·ln r/L_i), the pacer's flat and sharp thresholds, its cap on
+    T's percentile and the exploit pool's floor are options (FedScale's 0.1, 0.1, 5, 100, 10
+    by default, as in the config), each changing what it names."""
+    from fedclock.config import SelectionConfig
+
+    d = SelectionConfig()
+    assert (d.uncertainty, d.pacer_flat, d.pacer_sharp, d.round_threshold_max,
+            d.exploit_pool) == (0.1, 0.1, 5.0, 100.0, 10.0)  # fmt: skip
+    one = np.array([3.0])
+    sc = oort_scores(one, np.ones(1), np.array([2]), 5, preferred=math.inf, penalty=2.0,
+                     clip_bound=0.9, norm_rewards=one, uncertainty=0.4)  # fmt: skip
+    # one reward: (R − 0.999R)/(R − 0.999R) = 1, plus the bonus with c = 0.4
+    assert sc[0] == pytest.approx(1 + math.sqrt(0.4 * math.log(5) / 2), rel=1e-14)
+    # a 30 % change: flat only when pacer_flat ≥ 0.3; the cap holds T's percentile at 32
+    o = _oort(10, pacer_step=2, pacer_delta=5.0, round_threshold=30.0, pacer_flat=0.35,
+              round_threshold_max=32.0)  # fmt: skip
+    o.exploit_history = [1.0, 1.0, 1.3]
+    o.exploit_clients, o.successful = [0], [0]
+    o.reward[0] = 1.3 * (1 + 1e-4)
+    o._pacer(4)
+    assert o.round_threshold == 32.0
+    o = _oort(10, pacer_step=2, pacer_delta=5.0, round_threshold=30.0, pacer_sharp=0.25)
+    o.exploit_history = [1.0, 1.0, 1.3]
+    o.exploit_clients, o.successful = [0], [0]
+    o.reward[0] = 1.3 * (1 + 1e-4)
+    o._pacer(4)
+    assert o.round_threshold == 25.0  # a 30 % change is "sharp" at 0.25
+    # the exploit pool: with cut_off_util 1 only the top exploit_pool·k + 1 are drawn from
+    n = 40
+    o = _oort(n, cut_off_util=1.0, exploit_pool=1.0, clip_bound=1.0)  # (no ties at the clip)
+    o.count[:] = 1
+    o.time_stamp[:] = 1
+    o.reward = np.arange(1.0, n + 1)
+    o.duration = o.sorted_duration = np.ones(n)  # (no speed penalty: scores follow rewards)
+    seen: set[int] = set()
+    for r in range(1, 60):
+        seen |= set(o.select(_Ctx(n, seed=r), r, np.arange(n), 2).tolist())
+    assert seen <= set(range(n - 3, n))  # the top 1·2 + 1 = 3
+    o.exploit_pool = 10.0  # FedScale's: the top 21
+    for r in range(1, 60):
+        seen |= set(o.select(_Ctx(n, seed=r), r, np.arange(n), 2).tolist())
+    assert min(seen) < n - 3 and min(seen) >= n - 21
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(1, 4), min_size=6, max_size=6),
        st.lists(st.tuples(st.integers(0, 5), st.integers(1, 4)), max_size=12))  # fmt: skip
@@ -463,15 +508,31 @@ def test_selection_needs_clients_to_choose_from() -> None:
                                                "selection.name=oort"])  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["serial", "vectorized"])
-@pytest.mark.parametrize("strategy", ["fjord", "fedrolex"])
-def test_oort_composes_with_partial_work(tmp_path: Any, kind: str, strategy: str) -> None:
-    """Oort's selection over width-sliced work (FjORD's ordered dropout, FedRolex's rolling
-    submodels) in both executors: the same metrics."""
-    over = {"strategy.name": strategy, "strategy.client_fraction": 0.5,
-            "selection.name": "oort", "executor.kind": kind}  # fmt: skip
-    got = _run(tmp_path, kind, **over)
-    assert got.summary["aggregations"] == 6 and got.summary["updates_used"] > 0
+@pytest.mark.parametrize("strategy", ["fjord", "fedrolex", "salf"])
+@pytest.mark.usefixtures("float64")
+def test_oort_composes_with_partial_work(tmp_path: Any, strategy: str) -> None:
+    """Oort's selection over partial work (FjORD's ordered dropout, FedRolex's rolling
+    submodels, SALF's layer suffixes under a deadline) in both executors, in float64: the
+    same clients asked in every round and the same metrics (within EQUIV_TOL)."""
+    from fedclock.metrics.timeline import read_timeline
+    from tests.conftest import EQUIV_TOL
+
+    over = {"strategy.name": strategy, "strategy.client_fraction": 0.5, "selection.name": "oort"}
+    if strategy == "salf":
+        over |= {"salf.scenario": "deadline", "salf.mode": "paper", "strategy.t_max": 1.0}
+    runs = {k: _run(tmp_path, k, **over, **{"executor.kind": k}) for k in ("serial", "vectorized")}
+    asked = {}
+    for k, got in runs.items():
+        assert got.summary["aggregations"] == 6 and got.summary["updates_used"] > 0
+        tl = read_timeline(tmp_path / k / "timeline.csv")
+        asked[k] = (tl.tasks["client"].tolist(), tl.tasks["base_version"].tolist())
+    assert asked["serial"] == asked["vectorized"]
+    for ra, rb in zip(runs["serial"].history, runs["vectorized"].history, strict=True):
+        assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=EQUIV_TOL, abs=EQUIV_TOL)
+        assert ra["test_accuracy"] == pytest.approx(rb["test_accuracy"], abs=0.02)
+    if strategy == "salf":  # partial work was really done
+        work = read_timeline(tmp_path / "serial" / "timeline.csv").tasks["work"]
+        assert any(w.startswith("layer-suffix") for w in work), set(work)
 
 
 @settings(max_examples=60, deadline=None)
@@ -510,3 +571,47 @@ def test_the_cached_exploration_order_is_top_positions_over_the_unexplored(
         want = unexplored[top_positions(oort._explore_values(unexplored, preferred), k)]
         assert np.array_equal(oort._top_unexplored(preferred, k), want)
         oort.count[rng.choice(n, 20)] += 1  # some more explored
+
+
+@pytest.mark.parametrize("selection", ["random", "oort"])
+def test_k_of_n_rounds_use_the_first_m_arrivals_and_cut_the_rest(
+    tmp_path: Any, selection: str
+) -> None:
+    """selection.over_commit 2 with C = 0.25 of 12 clients: each round asks ⌈2·3⌉ = 6 and
+    closes at the 3rd arrival; the 3 used are the round's 3 earliest finishers, the other 3
+    are cut (discarded, their compute up to the close wasted), and the next round starts
+    then — with a uniform draw and with Oort's."""
+    from fedclock.metrics.timeline import read_timeline
+
+    got = _run(tmp_path, selection, **{"strategy.client_fraction": 0.25,
+                                       "selection.name": selection,
+                                       "selection.over_commit": 2.0})  # fmt: skip
+    assert got.summary["aggregations"] == 6
+    tl = read_timeline(tmp_path / selection / "timeline.csv")
+    t = tl.tasks
+    for v in range(6):
+        rows = np.flatnonzero(t["base_version"] == v)
+        assert len(rows) == 6 and len(set(t["client"][rows].tolist())) == 6
+        used = rows[np.isin(np.array(t["outcome"])[rows], ["used"])]
+        cut = rows[np.isin(np.array(t["outcome"])[rows], ["discarded"])]
+        assert len(used) == 3 and len(cut) == 3
+        close = tl.agg_t[v]  # the round's commit: its 3rd arrival
+        assert t["t_end"][used].max() == pytest.approx(close, abs=1e-12)
+        np.testing.assert_allclose(t["t_end"][cut], close, atol=1e-12)  # cut at the close
+        if v + 1 < 6:  # the next round starts at the close
+            nxt = np.flatnonzero(t["base_version"] == v + 1)
+            assert t["t_start"][nxt].min() == pytest.approx(close, abs=1e-12)
+    assert got.summary["updates_discarded"] == 18 and got.summary["compute_s_wasted"] > 0
+    assert got.summary["updates_used"] == 18
+
+
+def test_k_of_n_needs_synchronous_rounds_over_a_fraction() -> None:
+    with pytest.raises(ConfigError, match="client_fraction is 1"):
+        load_config(raw=tiny_raw(), overrides=["selection.over_commit=1.3"])
+    with pytest.raises(ConfigError, match="no rounds that sample clients"):
+        load_config(raw=tiny_raw(), overrides=["strategy.name=fedbuff", "strategy.buffer_size=2",
+                                               "strategy.concurrency=3",
+                                               "selection.over_commit=1.3"])  # fmt: skip
+    cfg = load_config(raw=tiny_raw(), overrides=["strategy.client_fraction=0.5",
+                                                 "selection.over_commit=1.3"])  # fmt: skip
+    assert cfg.selection.over_commit == 1.3

@@ -1303,6 +1303,13 @@ class SelectionConfig(_Section):
     name: Literal["random", "oort", "tifl", "refl"] = Field(
         "random", description="random (uniform, McMahan et al.), oort, tifl or refl"
     )
+    over_commit: float = Field(
+        1.0,
+        ge=1,
+        le=100,
+        description="K-of-N rounds: ask ⌈o·m⌉ clients, close at the first m updates, cut the "
+        "rest (FedScale's 1.3; 1: ask m, wait for all)",
+    )
     exploration_factor: float = Field(
         0.9, gt=0, le=1, description="Oort: initial share ε of slots given to unexplored clients"
     )
@@ -1330,6 +1337,21 @@ class SelectionConfig(_Section):
     )
     blacklist_max_len: float = Field(
         0.3, ge=0, le=1, description="Oort: at most this share of clients left out"
+    )
+    uncertainty: float = Field(
+        0.1, ge=0, le=1e3, description="Oort: c of the bonus √(c·ln r / L_i) (FedScale's 0.1)"
+    )
+    pacer_flat: float = Field(
+        0.1, ge=0, le=1e3, description="Oort: utility change below this share widens T by Δ"
+    )
+    pacer_sharp: float = Field(
+        5.0, ge=0, le=1e3, description="Oort: utility change above this multiple narrows T by Δ"
+    )
+    round_threshold_max: float = Field(
+        100.0, ge=0, le=100, description="Oort: the pacer's cap on T's percentile"
+    )
+    exploit_pool: float = Field(
+        10.0, ge=0, le=1e6, description="Oort: the exploit pool keeps at least this·k + 1 clients"
     )
     tiers: int = Field(5, ge=1, le=1000, description="TiFL: latency tiers")
     interval: int = Field(
@@ -1360,7 +1382,8 @@ class SelectionConfig(_Section):
     OORT: ClassVar[tuple[str, ...]] = (
         "exploration_factor", "exploration_decay", "exploration_min", "round_threshold",
         "round_penalty", "clip_bound", "cut_off_util", "pacer_step", "pacer_delta",
-        "sample_window", "blacklist_rounds", "blacklist_max_len",
+        "sample_window", "blacklist_rounds", "blacklist_max_len", "uncertainty", "pacer_flat",
+        "pacer_sharp", "round_threshold_max", "exploit_pool",
     )  # fmt: skip
     TIFL: ClassVar[tuple[str, ...]] = ("tiers", "interval", "credits")
     REFL: ClassVar[tuple[str, ...]] = (
@@ -1370,7 +1393,7 @@ class SelectionConfig(_Section):
 
     def reads(self, field: str) -> bool:
         """Whether this selection depends on its field ``field``."""
-        if field == "name":
+        if field in ("name", "over_commit"):
             return True
         if field in ("stale_beta", "scale_coff") and not self.stale_updates:
             return False
@@ -1556,11 +1579,30 @@ class ExperimentConfig(_Section):
 
     @model_validator(mode="after")
     def _selection(self, info: ValidationInfo) -> ExperimentConfig:
-        """A selection other than uniform needs rounds that sample a fraction of clients."""
+        """A selection other than uniform, or over-commitment, needs rounds that sample a
+        fraction of clients."""
         name = self.selection.name
-        if name == "random" or _role(info) == "grid":
+        if _role(info) == "grid":
             return self
         own = STRATEGY_OPTIONS[self.strategy.name]
+        if self.selection.over_commit > 1.0:
+            if not own.selects or getattr(self.strategy, "concurrency", None) is not None:
+                raise _sentence(
+                    f"selection.over_commit is {self.selection.over_commit:g}, but strategy "
+                    f"{self.strategy.name!r} has no rounds that sample clients (K-of-N rounds "
+                    "are synchronous: "
+                    + ", ".join(n for n, o in STRATEGY_OPTIONS.items() if o.selects and
+                                "concurrency" not in o.model_fields)
+                    + "); leave it 1."
+                )  # fmt: skip
+            if getattr(self.strategy, "client_fraction", 1.0) >= 1.0:
+                raise _sentence(
+                    f"selection.over_commit is {self.selection.over_commit:g}, but "
+                    "strategy.client_fraction is 1: every client is asked already, so there is "
+                    "nobody more to ask; set a fraction below 1."
+                )
+        if name == "random":
+            return self
         if not own.samples_clients(self):
             raise _sentence(
                 f"selection.name is {name}, but strategy {self.strategy.name!r} does not sample "

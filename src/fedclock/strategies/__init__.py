@@ -221,6 +221,13 @@ def build_strategy(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     strategy = STRATEGIES[cfg.strategy.name].build(own_fields(cfg), info)
     if cfg.selection.name != "random":
         attach_selection(strategy, cfg, info)
+    if cfg.selection.over_commit > 1.0:  # K-of-N rounds (config checked: synchronous)
+        if not isinstance(strategy.trigger, SyncRounds):
+            raise ConfigError(
+                f"selection.over_commit needs synchronous rounds, but strategy "
+                f"{strategy.name!r} has none; leave it 1."
+            )
+        strategy.trigger.over_commit = cfg.selection.over_commit
     return strategy
 
 

@@ -112,15 +112,17 @@ def oort_scores(
     clip_bound: float,
     norm_rewards: np.ndarray,
     norm_sorted: bool = False,
+    uncertainty: float = 0.1,
 ) -> np.ndarray:
     """Oort's exploitation score of explored clients (FedScale ``getTopK``):
 
-        s_i = (min(R_i, clip) − R_min)/(R_max − R_min) + √(0.1·ln(r)/L_i),
+        s_i = (min(R_i, clip) − R_min)/(R_max − R_min) + √(c·ln(r)/L_i),
         s_i ← s_i · (T/t_i)^α  if t_i > T,
 
     R_i the client's last statistical utility, L_i the round it was last heard from, r the
-    current round (from 1), t_i its last duration, T the preferred round duration; the
-    normalisation (clip at the ``clip_bound`` quantile, R_min·0.999, range ≥ 1e-4) runs over
+    current round (from 1), t_i its last duration, T the preferred round duration, c the
+    ``uncertainty`` (FedScale's 0.1); the normalisation (clip at the ``clip_bound`` quantile,
+    R_min·0.999 and a range ≥ 1e-4: FedScale's guards against a zero range) runs over
     ``norm_rewards`` (the positive rewards of every feasible client; ``norm_sorted``: given
     ascending)."""
     if len(norm_rewards):
@@ -135,7 +137,7 @@ def oort_scores(
     else:
         clip, lo, span = math.inf, 0.0, 1.0
     sc = (np.minimum(reward, clip) - lo) / span + np.sqrt(
-        0.1 * math.log(cur_round) / np.maximum(time_stamp, 1)
+        uncertainty * math.log(cur_round) / np.maximum(time_stamp, 1)
     )
     slow = duration > preferred
     sc = np.where(slow, sc * (preferred / np.maximum(duration, 1e-4)) ** penalty, sc)
@@ -154,7 +156,7 @@ class Oort:
     online to fill the exploration share, exploitation takes the rest (FedScale re-sends the
     previous round's explored list); a round with no explored client yet takes every slot by
     exploration (FedScale indexes an empty list there); over-commitment (FedScale's 1.3×) is
-    not applied — the trigger decides what late participants cost.
+    not applied here: it is ``selection.over_commit`` (K-of-N rounds, SyncRounds).
     """
 
     #: its participants send up their statistics (train/statistics.py)
@@ -182,6 +184,11 @@ class Oort:
         sample_window: float = 5.0,
         blacklist_rounds: int = -1,
         blacklist_max_len: float = 0.3,
+        uncertainty: float = 0.1,
+        pacer_flat: float = 0.1,
+        pacer_sharp: float = 5.0,
+        round_threshold_max: float = 100.0,
+        exploit_pool: float = 10.0,
     ) -> None:
         self.planner = planner
         self.sizes = np.asarray(sizes)
@@ -195,6 +202,11 @@ class Oort:
         self.sample_window = sample_window
         self.blacklist_rounds = blacklist_rounds
         self.blacklist_max_len = blacklist_max_len
+        self.uncertainty = uncertainty
+        self.pacer_flat = pacer_flat
+        self.pacer_sharp = pacer_sharp
+        self.round_threshold_max = round_threshold_max
+        self.exploit_pool = exploit_pool
         self.exploration = exploration_factor
         self.round_threshold = round_threshold
         self.reward = np.zeros(0)
@@ -241,10 +253,12 @@ class Oort:
         if cur >= 2 * step and cur % step == 0:
             last = sum(self.exploit_history[-2 * step : -step])
             now = sum(self.exploit_history[-step:])
-            if abs(now - last) <= last * 0.1:  # flat: admit slower clients
-                self.round_threshold = min(100.0, self.round_threshold + self.pacer_delta)
+            if abs(now - last) <= last * self.pacer_flat:  # flat: admit slower clients
+                self.round_threshold = min(
+                    self.round_threshold_max, self.round_threshold + self.pacer_delta
+                )
                 self.last_util_record = cur - step
-            elif abs(now - last) >= last * 5:  # sharp change: prefer faster ones again
+            elif abs(now - last) >= last * self.pacer_sharp:  # sharp: prefer faster ones again
                 self.round_threshold = max(
                     self.pacer_delta, self.round_threshold - self.pacer_delta
                 )
@@ -291,21 +305,21 @@ class Oort:
         scores = oort_scores(
             self.reward[explored], self.duration[explored], self.time_stamp[explored], cur,
             preferred=preferred, penalty=self.round_penalty, clip_bound=self.clip_bound,
-            norm_rewards=norm, norm_sorted=everyone,
+            norm_rewards=norm, norm_sorted=everyone, uncertainty=self.uncertainty,
         )  # fmt: skip
         self.exploration = max(self.exploration * self.exploration_decay, self.exploration_min)
         explore_len = min(int(m * self.exploration), n_unexplored)
         exploit_len = min(m - explore_len, len(explored))
         explore_len = min(n_unexplored, m - exploit_len)  # (unfilled slots: exploration)
         # exploitation: the clients from the top down to cut_off_util of the exploit_len-th
-        # score (and at least the top 10·exploit_len + 1), sampled ∝ score
+        # score (and at least the top exploit_pool·exploit_len + 1), sampled ∝ score
         exploit = np.zeros(0, dtype=np.int64)
         if exploit_len > 0:
             n = len(scores)
             if exploit_len < n:
                 kth = float(np.partition(scores, n - 1 - exploit_len)[n - 1 - exploit_len])
                 pool = scores >= kth * self.cut_off_util
-                pool[top_positions(scores, int(10 * exploit_len) + 1)] = True
+                pool[top_positions(scores, int(self.exploit_pool * exploit_len) + 1)] = True
                 where = np.flatnonzero(pool)
             else:
                 where = np.arange(n)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -55,6 +56,12 @@ class SyncRounds:
     the round's used contributions. ``keep_late`` (REFL's staleness-aware aggregation): a
     participant that cannot meet the deadline is not cut; its task trains on, arrives after
     its round and is committed, stale, with the next round to close.
+
+    ``over_commit`` o > 1 makes a round **K-of-N** (Bonawitz et al., SysML'19; FedScale's
+    over-commitment, 1.3): it asks N = ⌈o·m⌉ clients (at most the candidates) and closes
+    when the first K = m updates have arrived; the others are cancelled, their compute up to
+    then spent and wasted. Under a deadline the round closes at the first of the K-th
+    arrival and ``t_max`` (a round held to its deadline by partial work closes there).
     """
 
     checkpoint_fields: ClassVar[tuple[str, ...]] = (
@@ -77,8 +84,10 @@ class SyncRounds:
         work: RoundWork | None = None,
         selection: Selection | None = None,
         keep_late: bool = False,
+        over_commit: float = 1.0,
     ) -> None:
         self.client_fraction = client_fraction
+        self.over_commit = over_commit  # o > 1: ask ⌈o·m⌉, close at the first m (K-of-N)
         self.t_max = t_max
         self.work = work
         # whom a round asks (strategies/selection.py: Oort, TiFL, REFL); None: uniformly
@@ -131,7 +140,7 @@ class SyncRounds:
             clients = got
         else:
             clients = select_clients(
-                lambda: ctx.rng("select", r), ctx.num_clients, self.client_fraction
+                lambda: ctx.rng("select", r), ctx.num_clients, self._asked_fraction(ctx)
             )
         self._arrived = []
         self._outstanding = {}
@@ -175,6 +184,23 @@ class SyncRounds:
             return True
         return bool(self._outstanding)
 
+    def _wanted(self, ctx: Context) -> int:
+        """m = max(1, ⌊C·N⌋): the updates a round waits for (McMahan et al.)."""
+        return max(1, int(self.client_fraction * ctx.num_clients + 1e-9))
+
+    def _asking(self, ctx: Context) -> int:
+        """The clients a round asks: m, or ⌈o·m⌉ with over-commitment (at most N)."""
+        m = self._wanted(ctx)
+        if self.over_commit <= 1.0:
+            return m
+        return min(ctx.num_clients, math.ceil(self.over_commit * m - 1e-9))
+
+    def _asked_fraction(self, ctx: Context) -> float:
+        """The fraction :func:`select_clients` draws to ask :meth:`_asking` clients."""
+        if self.over_commit <= 1.0:
+            return self.client_fraction
+        return self._asking(ctx) / ctx.num_clients
+
     def _online_clients(self, ctx: Context, r: int) -> np.ndarray | None:
         """With availability (a trace): the round's participants, m = max(1, ⌊C·N⌋) drawn
         among the devices online now (all of them if fewer are); None when none is — then a
@@ -185,7 +211,7 @@ class SyncRounds:
             if np.isfinite(wake):
                 ctx.set_timer(wake, ("wake", r))
             return None
-        m = max(1, int(self.client_fraction * ctx.num_clients + 1e-9))
+        m = self._asking(ctx)
         if m >= count:
             return ctx.online_clients()
         # (the same draw as choice over the sorted online clients, without listing them)
@@ -213,7 +239,7 @@ class SyncRounds:
                 self._hold = True
                 self._waiting = True
                 return None
-        m = max(1, int(self.client_fraction * ctx.num_clients + 1e-9))
+        m = self._asking(ctx)
         assert self.selection is not None
         return self.selection.select(ctx, r, candidates, min(m, len(candidates)))
 
@@ -227,6 +253,16 @@ class SyncRounds:
             return
         del self._outstanding[contribution.task.task_id]
         self._arrived.append(contribution)
+        if (
+            self.over_commit > 1.0
+            and not self._hold
+            and self._outstanding
+            and len(self._arrived) >= self._wanted(ctx)
+        ):  # K-of-N: the first m are in, the rest are cut
+            for task in [*self._cut, *self._outstanding.values()]:
+                ctx.cancel(task)
+            self._outstanding = {}
+            self._cut = []
         if not self._outstanding and not self._hold:
             self._close(ctx)
 
