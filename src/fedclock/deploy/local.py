@@ -134,6 +134,7 @@ config = ""
 out = ""
 nodes = 0
 wait = 120.0
+round_timeout = 0.0
 """
 APP_MODULE = '''"""fedclock's Flower app (written by `fedclock deploy`): the apps live in fedclock."""
 
