@@ -215,6 +215,41 @@ def test_mask_tasks_train_the_pruned_model_and_report_dense_squared_gradients() 
 
 
 @pytest.mark.usefixtures("float64")
+def test_a_step_statistic_is_declared_data_not_executor_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both executors accumulate whatever ``train.local.STEP_STATISTICS`` says for the names
+    a program declares (``Program.step_statistics``): replacing Σg² by Σ|g| changes what comes
+    up in ``Contribution.up`` (one step: |g| = √(g²)), with no executor code naming it."""
+    from fedclock.train import local as local_mod
+    from fedclock.train.factory import make_executor
+    from fedclock.train.local import LocalTraining, Needs
+
+    monkeypatch.setitem(local_mod.STEP_STATISTICS, "sq_grads", lambda acc, g: acc.add_(g.abs()))
+    model, layout = _mlp(torch.float64)
+    masks = _hand_mask()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n in masks:
+                p.mul_(masks[n])
+    sizes = [16, 12]
+    data = _data(sizes, (6,))
+    data = replace(data, x=data.x.double())
+    tasks = [replace(t, plan=replace(t.plan, shape=Mask(masks)))
+             for t in _tasks(snapshot(model, 0), sizes, 8, steps=1)]  # fmt: skip
+    needs = Needs(shapes=frozenset({Mask}), layout=layout, synchronous=True)
+    for kind in ("serial", "vectorized"):
+        ex = make_executor(needs, copy.deepcopy(model), data, seed=3,
+                           local=LocalTraining(lr=0.1), kind=kind)  # fmt: skip
+        for task, c in zip(tasks, ex.run(tasks), strict=True):
+            _, sq = _independent_masked_sgd(model, data, task, masks, 0.1)  # one step: Σg² = g²
+            for n in sq:
+                torch.testing.assert_close(
+                    c.up["sq_grads"][n], sq[n].sqrt(), atol=EQUIV_TOL, rtol=EQUIV_TOL
+                )
+
+
+@pytest.mark.usefixtures("float64")
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_pruned_weights_stay_zero_through_aggregation_and_reconfiguration(optimizer: str) -> None:
     from fedclock.train.factory import make_executor

@@ -470,9 +470,10 @@ class Program:
     # downloaded values: a deeper model's neuron fragment computes through every unit)
     mask_fill: str = "zero"
     tag: Hashable = None  # tells apart programs that differ only in their masks
-    # the task also reports Σ_k g_k² per parameter (Contribution.up["sq_grads"]): the squared
-    # gradients of every element at each local step, pruned ones included (PruneFL)
-    sq_grads: bool = False
+    # statistics the task accumulates over its local steps from each step's gradient and
+    # reports in Contribution.up (names of fedclock.train.local.STEP_STATISTICS; PruneFL's
+    # "sq_grads": Σ_k g_k² of every element, pruned ones included)
+    step_statistics: tuple[str, ...] = ()
     # per level, the elements a local step at that level trains, in the program's
     # coordinates (its views' slices): the step's forward pass uses θ ⊙ m, its gradient is 0
     # outside m (FjORD's ordered dropout; the shape's step_levels() gives each step's level)
@@ -1007,7 +1008,7 @@ class Mask(WorkShape):
         cover: dict[str, torch.Tensor | bool] = {n: masks.get(n, True) for n in names}
         return Program(
             trains=names, sends=frozenset(names), coverage=cover, masks=masks,
-            mask_fill="zero", tag=("mask", self.digest), sq_grads=True,
+            mask_fill="zero", tag=("mask", self.digest), step_statistics=("sq_grads",),
         )  # fmt: skip
 
     def cost(self, layout: Layout, samples: int) -> TaskCost:

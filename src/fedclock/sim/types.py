@@ -91,8 +91,8 @@ class Contribution:
     # Aggregators average an element over the contributions that cover it
     coverage: Mapping[str, torch.Tensor | bool] | None = None
     # statistics the local rule sends up besides Δ, keyed by what they are, then by
-    # parameter name (a work shape whose program asks for it: "sq_grads", PruneFL's Σ over
-    # the local steps of each element's squared gradient)
+    # parameter name: a program's per-step statistics (train.local.STEP_STATISTICS, e.g.
+    # PruneFL's "sq_grads") and the selection's ("selection", train.statistics)
     up: dict[str, Params] = field(default_factory=dict)
 
     def covers(self, name: str) -> torch.Tensor | bool:

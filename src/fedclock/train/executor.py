@@ -30,7 +30,14 @@ from fedclock.models.shapes import (
 )
 from fedclock.rng import counter_key, counter_keys, splitmix64_grid
 from fedclock.sim.types import Contribution, ModelVersion, Params, Task
-from fedclock.train.local import CrossEntropy, LocalTraining, Loss, down_lists, step_direction
+from fedclock.train.local import (
+    STEP_STATISTICS,
+    CrossEntropy,
+    LocalTraining,
+    Loss,
+    down_lists,
+    step_direction,
+)
 
 
 @dataclass(frozen=True)
@@ -424,16 +431,19 @@ class SerialExecutor:
         if not self.persistent_momentum:
             self.momentum_store.pop(task.client, None)
         total = 0.0
-        # Σ_k g_k² of every element (PruneFL's importance; pruned elements included)
-        sq = {n: torch.zeros_like(params[n]) for n in trains} if prog.sq_grads else None
+        # the program's per-step statistics (Contribution.up), accumulated from each gradient
+        up: dict[str, Params] = {
+            k: {n: torch.zeros_like(params[n]) for n in trains} for k in prog.step_statistics
+        }
         device = self.stop_at is not None or self.after_step is not None
         started = time.monotonic()
         for done, local in enumerate(steps, 1):
             rows = idx[local].to(self.device)
             grads, loss = suffix_grads(model, trains, self._x[rows], self._y[rows], loss_fn)
-            if sq is not None:
+            for k, acc in up.items():
+                accumulate = STEP_STATISTICS[k]
                 for n, g in grads.items():
-                    sq[n].addcmul_(g, g)
+                    accumulate(acc[n], g)
             self._step(
                 task.client,
                 params,
@@ -469,7 +479,7 @@ class SerialExecutor:
         return Contribution(
             task=task, delta=delta, buffers=buffers, num_samples=len(idx),
             train_loss=total / max(1, len(steps)), coverage=prog.coverage,
-            up={} if sq is None else {"sq_grads": sq},
+            up=up,
         )  # fmt: skip
 
     def _run_sliced(self, task: Task, prog: Program) -> Contribution:

@@ -48,6 +48,17 @@ def model_loss(model: torch.nn.Module) -> Loss:
     return MultiExitLoss() if isinstance(model, EarlyExitNet) else CrossEntropy()
 
 
+#: per-step statistics a work shape's program may ask for (``Program.step_statistics``):
+#: each is accumulated in place from every local step's gradient, per trained parameter,
+#: ``accumulate(acc, g)`` — in both executors, on a tensor or a stacked (clients, …) one —
+#: and sent up as ``Contribution.up[name]`` (parameter name → tensor). A method that needs
+#: another adds it here; neither executor names any.
+STEP_STATISTICS: dict[str, Callable[[torch.Tensor, torch.Tensor], object]] = {
+    # Σ_k g_k² of every element, pruned ones included (PruneFL's importance, §IV-B)
+    "sq_grads": lambda acc, g: acc.addcmul_(g, g),
+}
+
+
 class GradientTerm(Protocol):
     """A term of the local objective's gradient: ``add`` returns g + its gradient at θ.
 

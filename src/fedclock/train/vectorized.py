@@ -100,7 +100,7 @@ from fedclock.train.executor import (
     batch_positions,
     split_batches,
 )
-from fedclock.train.local import LocalTraining, Loss, down_lists, step_direction
+from fedclock.train.local import STEP_STATISTICS, LocalTraining, Loss, down_lists, step_direction
 from fedclock.train.mlp_grad import MlpGrad, mlp_linears
 
 log = logging.getLogger("fedclock")
@@ -294,13 +294,15 @@ class VectorizedExecutor:
         self._block_grad: MlpGrad | None = None  # the running block's, when it uses it
         # the running block's mode (_block_mode): its fragment masks (index in its tensors,
         # mask), whether they are each task's own (C, ...) (transient shapes), whether
-        # masked-out elements stay at the base (else zero), Σ_k g_k² per client (PruneFL)
+        # masked-out elements stay at the base (else zero)
         self._block_masks: list[tuple[int, torch.Tensor]] = []
         self._block_flat: torch.Tensor | None = None  # the block's parameters, when one buffer
         self._scratch_bufs: dict[str, torch.Tensor] = {}  # (_scratch)
         self._masks_per_task = False
         self._mask_base = False
-        self._block_sq: list[torch.Tensor] | None = None
+        # the program's per-step statistics (Program.step_statistics), per name one stacked
+        # (C, …) accumulator per trained tensor
+        self._block_up: dict[str, list[torch.Tensor]] = {}
         # ordered dropout (Program.levels): per trained tensor its levels' masks stacked
         # (L, …) in the parameters' dtype, and each task's level at each step (C, S)
         self._block_levels: list[torch.Tensor] | None = None
@@ -556,8 +558,9 @@ class VectorizedExecutor:
         bufs = self._block_momentum(tasks, owners, names, params, cut)
         loss_sum = torch.zeros(n_clients, dtype=torch.float64, device=self.device)
         shape = tasks[0].plan.shape
-        if shape is not FULL and self._program(shape).sq_grads:
-            self._block_sq = [torch.zeros_like(p) for p in params]
+        if shape is not FULL:
+            for key in self._program(shape).step_statistics:
+                self._block_up[key] = [torch.zeros_like(p) for p in params]
         if not self._mask_base:
             with torch.no_grad():  # a fragment's model holds only its elements
                 for i, m in self._block_masks:
@@ -635,7 +638,7 @@ class VectorizedExecutor:
         self._block_masks = []
         self._masks_per_task = False
         self._mask_base = False
-        self._block_sq = None
+        self._block_up = {}
         self._block_levels = self._block_level_of = None
         if shape is FULL:
             return self._names, [], None, None
@@ -831,11 +834,12 @@ class VectorizedExecutor:
             if base_params is not None:
                 b0 = [b if shared or k == n_clients else b[:k] for b in base_params]
             b_k = bufs if k == n_clients else [m[:k] for m in bufs]
-            if self._block_sq is not None:
+            if self._block_up:
                 with torch.no_grad():
-                    for acc, n in zip(self._block_sq, names, strict=True):
-                        gn = grads[n]
-                        (acc if k == n_clients else acc[:k]).addcmul_(gn, gn)
+                    for key, accs in self._block_up.items():
+                        accumulate = STEP_STATISTICS[key]
+                        for acc, n in zip(accs, names, strict=True):
+                            accumulate(acc if k == n_clients else acc[:k], grads[n])
             d_k = down if not down or k == n_clients else {
                 key: [v[:k] for v in vs] for key, vs in down.items()
             }  # fmt: skip
@@ -908,7 +912,8 @@ class VectorizedExecutor:
             base = [flat_of([b.expand(c, *b.shape) if shared else b for b in base_params])[0]]
         # the tasks' down tensors, one flat buffer per key, aligned with the parameters'
         flat_down = {key: [flat_of(vs)[0]] for key, vs in down.items()}
-        sq, masks = self._block_sq, self._block_masks
+        ups = [(STEP_STATISTICS[key], accs) for key, accs in self._block_up.items()]
+        masks = self._block_masks
         step = grad.bind(state, out).step
         x_rows = self._x_rows
         c, b = rows.shape[0], rows.shape[2]
@@ -923,9 +928,9 @@ class VectorizedExecutor:
                 torch.index_select(x_rows, 0, by_step[s], out=xb)
                 w_s = weights[:, s] if partial[s] and weights is not None else None
                 loss = step(xb_view, ys[s], w_s)
-                if sq is not None:
-                    for acc, gn in zip(sq, g_views, strict=True):
-                        acc.addcmul_(gn, gn)
+                for accumulate, accs in ups:
+                    for acc, gn in zip(accs, g_views, strict=True):
+                        accumulate(acc, gn)
                 (d,) = step_direction(local, gs, ps, base, moms, scratch, flat_down)
                 p_flat.add_(d, alpha=-lr)
                 for i, m in masks:  # outside its fragment: 0 (_by_hand)
@@ -990,7 +995,7 @@ class VectorizedExecutor:
                     for j in range(len(tasks)):
                         flat[j * len(names) + i].mul_(m[j] if self._masks_per_task else m)
         out = []
-        plain = views is None and not fixed and stats is None and self._block_sq is None
+        plain = views is None and not fixed and stats is None and not self._block_up
         for j, task in enumerate(tasks):
             delta = dict(zip(names, flat[j * k : (j + 1) * k], strict=True))
             shape = task.plan.shape
@@ -1025,12 +1030,9 @@ class VectorizedExecutor:
                     num_samples=len(indices),
                     train_loss=losses[j] / max(1, steps[j]),
                     coverage=None if prog is None else prog.coverage,
-                    up={}
-                    if self._block_sq is None
-                    else {
-                        "sq_grads": {
-                            n: a[j].clone() for n, a in zip(names, self._block_sq, strict=True)
-                        }
+                    up={
+                        key: {n: a[j].clone() for n, a in zip(names, accs, strict=True)}
+                        for key, accs in self._block_up.items()
                     },
                 )
             )
