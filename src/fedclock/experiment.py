@@ -435,17 +435,16 @@ def _evaluators(
     accuracy too), the best-validation tracker (``eval.val_holdout``) and the client losses
     (``eval.client_losses``), with their extra metrics.csv columns."""
     bs = cfg.eval.batch_size
+    # run batching: evaluated with the group's other versions
+    submit = None if lockstep is None else lockstep[0].evaluation(lockstep[1])
     test: Any
     test, exits = test_evaluator(new_model(), ds.x_test, ds.y_test, tree=tree,
-                                 also=also_trees(cfg.cis, tree), batch_size=bs, device=device)  # fmt: skip
+                                 also=also_trees(cfg.cis, tree), batch_size=bs, device=device,
+                                 submit=submit)  # fmt: skip
     validation = None
     if val_xy is not None:
-        val = Evaluator(new_model(), *val_xy, batch_size=bs, device=device)
+        val = Evaluator(new_model(), *val_xy, batch_size=bs, device=device, submit=submit)
         test = validation = BestValidation(test, val, every=cfg.eval.val_every_aggregations)
-    if lockstep is not None:  # run batching: evaluated with the group's other versions
-        for ev in (test, getattr(test, "test", None), getattr(test, "val", None)):
-            if isinstance(ev, Evaluator):
-                ev.submit = lockstep[0].evaluation(lockstep[1])
     observers: list[Any] = [Metrics(test, exits.more if exits is not None else None)]
     columns = exits.columns if exits is not None else ()
     if validation is not None:

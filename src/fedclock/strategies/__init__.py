@@ -219,42 +219,42 @@ def build_strategy(cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
     carries for the other strategies of a comparison left out), with the selection
     ``cfg.selection`` names on its rounds."""
     strategy = STRATEGIES[cfg.strategy.name].build(own_fields(cfg), info)
-    if cfg.selection.name != "random":
-        attach_selection(strategy, cfg, info)
-    if cfg.selection.over_commit > 1.0:  # K-of-N rounds (config checked: synchronous)
-        if not isinstance(strategy.trigger, SyncRounds):
-            raise ConfigError(
-                f"selection.over_commit needs synchronous rounds, but strategy "
-                f"{strategy.name!r} has none; leave it 1."
-            )
-        strategy.trigger.over_commit = cfg.selection.over_commit
+    if cfg.selection.name != "random" or cfg.selection.over_commit > 1.0:
+        strategy = with_selection(strategy, cfg, info)
     return strategy
 
 
-def attach_selection(strategy: Strategy, cfg: ExperimentConfig, info: BuildInfo) -> None:
-    """Put the selection of ``cfg.selection`` on the strategy's rounds; its contributions
-    then carry the client statistics it reads (``Needs.statistics``; Oort, TiFL)."""
+def with_selection(strategy: Strategy, cfg: ExperimentConfig, info: BuildInfo) -> Strategy:
+    """``strategy`` assembled again with the selection of ``cfg.selection`` on its rounds
+    (its trigger's ``choose_with``, before any round) and K-of-N rounds with
+    ``over_commit``; its contributions then carry the client statistics the selection reads
+    (``Needs.statistics``; Oort, TiFL), and REFL's stale-aware update replaces the
+    aggregator under a deadline."""
     from dataclasses import replace
 
     from fedclock.strategies.asynchronous import _AllClients
-    from fedclock.strategies.selection import REFL, Oort, StaleAwareWeighting, TiFL
+    from fedclock.strategies.selection import REFL, Oort, Selection, StaleAwareWeighting, TiFL
 
     sel = cfg.selection
     trigger = strategy.trigger
-    if not isinstance(trigger, SyncRounds | _AllClients):
+    if not isinstance(trigger, SyncRounds | _AllClients) or (
+        sel.over_commit > 1.0 and not isinstance(trigger, SyncRounds)
+    ):
+        what = f"selection.name is {sel.name}" if sel.name != "random" else (
+            f"selection.over_commit is {sel.over_commit:g}"
+        )  # fmt: skip
         raise ConfigError(
-            f"selection.name is {sel.name}, but strategy {strategy.name!r} has no rounds "
-            "that sample clients."
+            f"{what}, but strategy {strategy.name!r} has no rounds that sample clients."
         )
     planner = strategy.planner
+    aggregator, needs, keep_late = strategy.aggregator, strategy.needs, False
+    selection: Selection | None = None
     if sel.name == "oort":
-        trigger.selection = Oort(
-            planner, sizes=info.client_sizes, **{f: getattr(sel, f) for f in sel.OORT}
-        )
+        selection = Oort(planner, sizes=info.client_sizes, **{f: getattr(sel, f) for f in sel.OORT})
     elif sel.name == "tifl":
-        trigger.selection = TiFL(planner, **{f: getattr(sel, f) for f in sel.TIFL})
-    else:
-        trigger.selection = REFL(
+        selection = TiFL(planner, **{f: getattr(sel, f) for f in sel.TIFL})
+    elif sel.name == "refl":
+        selection = REFL(
             planner, t_max=getattr(trigger, "t_max", None),
             prohibit_reselect=sel.prohibit_reselect,
             availability_probability=sel.availability_probability,
@@ -275,17 +275,21 @@ def attach_selection(strategy: Strategy, cfg: ExperimentConfig, info: BuildInfo)
                     "selection.stale_updates: false (its participant selection alone)."
                 )
             assert isinstance(agg, Update) and isinstance(agg.weighting, Importance)
-            assert isinstance(trigger, SyncRounds)
-            strategy.aggregator = Update(
+            aggregator = Update(
                 StaleAwareWeighting(agg.weighting.scheme, beta=sel.stale_beta,
                                     scale=sel.scale_coff),
                 target=mix, buffers=mix_buffers, server=agg.server,
             )  # fmt: skip
-            trigger.keep_late = True
+            keep_late = True
             # a round's late tasks train on: their updates may not share the block's memory
-            strategy.needs = replace(strategy.needs, synchronous=False)
-    if trigger.selection.reads_statistics:
-        strategy.needs = replace(strategy.needs, statistics=True)
+            needs = replace(needs, synchronous=False)
+    if isinstance(trigger, SyncRounds):
+        trigger.choose_with(selection, keep_late=keep_late, over_commit=sel.over_commit)
+    else:
+        trigger.choose_with(selection)
+    if selection is not None and selection.reads_statistics:
+        needs = replace(needs, statistics=True)
+    return replace(strategy, aggregator=aggregator, needs=needs)
 
 
 __all__ = [

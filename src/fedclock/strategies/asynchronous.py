@@ -255,7 +255,7 @@ class _AllClients:
         # uniformly among the idle): it picks C idle clients at a time (a "round" of the
         # selection), handed out one per freed slot; it hears the contributions committed
         # and the tasks started since its last pick
-        self.selection: Selection | None = None
+        self.selection: Selection | None = None  # (choose_with)
         self._queue: list[int] = []
         self._batch = 0
         self._heard: list[Contribution] = []
@@ -264,6 +264,13 @@ class _AllClients:
         # client whose device is online, and when the timer that looks again is set
         self._empty = 0
         self._slot_timer = math.inf
+
+    def choose_with(self, selection: Selection | None) -> None:
+        """Who fills the freed slots (None: uniformly among the idle): set while the strategy
+        is assembled, before the run starts (``strategies.with_selection``)."""
+        if self._sent or self._heard:
+            raise RuntimeError("a trigger's selection is chosen before the run starts")
+        self.selection = selection
 
     def _start(self, ctx: Context, client: int) -> None:
         if ctx.has_availability and not ctx.online(client):  # it starts when it comes back

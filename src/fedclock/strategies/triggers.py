@@ -108,6 +108,18 @@ class SyncRounds:
         # fraction of its users computes eq. 9's p_l over the round's users
         self.track_participants = False
 
+    def choose_with(
+        self, selection: Selection | None, *, keep_late: bool = False, over_commit: float = 1.0
+    ) -> None:
+        """Who the rounds ask and how many they wait for (``selection``, ``keep_late``,
+        ``over_commit`` as in the class docstring): set while the strategy is assembled,
+        before its first round (``strategies.with_selection``); refused after."""
+        if self.round or self._outstanding or self._dispatched:
+            raise RuntimeError("a trigger's selection is chosen before its first round")
+        self.selection = selection
+        self.keep_late = keep_late
+        self.over_commit = over_commit
+
     def participants(self) -> list[int]:
         """The clients asked in the round being closed (with a selection or
         ``track_participants``), ascending."""

@@ -20,15 +20,16 @@ from fedclock.sim.types import ModelVersion
 class Evaluator:
     """Test accuracy and mean cross-entropy of a model version (no copy of the snapshot).
 
-    Under run batching, ``submit`` (set by the run's :class:`~fedclock.runs.lockstep.Lockstep`)
+    Under run batching, ``submit`` (given by the run's :class:`~fedclock.runs.lockstep.Lockstep`)
     hands the call to the group, which evaluates the versions its runs wait on together
     (:func:`evaluate_joint`); the figures are those of :meth:`measure`.
     """
 
-    submit: Callable[[Evaluator, ModelVersion], tuple[float, float]] | None = None
-
     def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 2048,
-                 device: torch.device | str = "cpu") -> None:  # fmt: skip
+                 device: torch.device | str = "cpu",
+                 submit: Callable[[Evaluator, ModelVersion], tuple[float, float]] | None = None,
+                 ) -> None:  # fmt: skip
+        self.submit = submit
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.x = x.to(self.device)
@@ -441,12 +442,14 @@ def test_evaluator(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, tree: Tree | None = None,
     also: dict[str, Tree] | None = None, batch_size: int = 2048,
     device: torch.device | str = "cpu",
+    submit: Callable[[Evaluator, ModelVersion], tuple[float, float]] | None = None,
 ) -> tuple[Evaluator | ExitEvaluator, ExitEvaluator | None]:  # fmt: skip
     """The test evaluator of ``model`` and, for an early-exit network (``num_exits``), the
-    same :class:`ExitEvaluator` as the source of its extra columns (else None)."""
+    same :class:`ExitEvaluator` as the source of its extra columns (else None); ``submit``:
+    the run batching's hand-off of a plain evaluator's calls (:class:`Evaluator`)."""
     exits = getattr(model, "num_exits", None)
     if exits is None:
-        return Evaluator(model, x, y, batch_size=batch_size, device=device), None
+        return Evaluator(model, x, y, batch_size=batch_size, device=device, submit=submit), None
     ev = ExitEvaluator(model, x, y, num_exits=exits, tree=tree, also=also,
                        batch_size=batch_size, device=device)  # fmt: skip
     return ev, ev
