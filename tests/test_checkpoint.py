@@ -126,6 +126,28 @@ def test_a_checkpoint_with_pickled_code_is_refused_without_running_it(tmp_path: 
         read(path)
 
 
+@pytest.mark.parametrize("older", [1, 2])
+def test_a_checkpoint_of_an_older_format_is_refused_in_one_sentence(
+    tmp_path: Path, older: int
+) -> None:
+    """A whole, undamaged checkpoint written by an older fedclock (formats 1 and 2: before
+    the client records' generic encoding) is refused from its header, before it is loaded,
+    in one sentence naming the file, the format this version reads and how to go on."""
+    path = tmp_path / CHECKPOINT_FILE
+    buf = io.BytesIO()
+    torch.save({"format": older, "state": {"round": torch.tensor(3)}}, buf)
+    body = buf.getvalue()
+    path.write_bytes(
+        b"%s %d sha256:%s\n" % (MAGIC, older, sha256(body).hexdigest().encode()) + body
+    )
+    with pytest.raises(CheckpointError) as err:
+        read(path)
+    text = str(err.value)
+    assert str(path) in text and f"another format than {FORMAT}" in text and "\n" not in text
+    assert "without --resume to start over" in text
+    assert FORMAT == 3 and older < FORMAT
+
+
 # ------------------------------------------------------------------ every strategy, killed and resumed
 
 
