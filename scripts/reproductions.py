@@ -464,7 +464,8 @@ def drift(table: Table, stored: Results, new: dict[Key, float]) -> tuple[list[li
         tol = table.tolerance_for(key[2])
         bad = (math.isnan(a) != math.isnan(b)) or (not math.isnan(d) and abs(d) > tol + 1e-12)
         over |= bad
-        if bad or d != 0:
+        same = math.isnan(a) and math.isnan(b)  # (both not reached: no drift)
+        if bad or (d != 0 and not same):
             rows.append(
                 [
                     key[0],

@@ -172,6 +172,11 @@ def test_rerun_reports_drift_per_cell_against_the_tolerance() -> None:
     assert not over and [r[2] for r in rows] == ["acc@3t"]  # 0.001 ≤ 0.002: drift, within
     rows, over = rep.drift(table, stored, {("fedavg", 1, "acc@3t"): 0.96})
     assert over and rows[0][-1] == "over"
+    # a target not reached in either (NaN both times) is no drift; reached in one only is
+    nan = rep.Results("x", {("fedavg", 1, "t93"): math.nan})
+    assert rep.drift(table, nan, {("fedavg", 1, "t93"): math.nan}) == ([], False)
+    rows, over = rep.drift(table, nan, {("fedavg", 1, "t93"): 40.0})
+    assert over and rows[0][-1] == "over"
 
 
 def test_stored_results_name_their_commit_and_commands() -> None:
