@@ -163,6 +163,19 @@ def test_sign_verdict(diffs: list[float]) -> None:
     assert rep.sign_verdict([math.nan], 1) == "not measured"
 
 
+def test_a_verdict_that_rests_on_rerun_noise_says_so() -> None:
+    """Fed-RAA − FedAvg at 3× (paper mode, seeds 1–3): −0.08, −0.07, −0.25 points against the
+    table's ±0.2 rerun tolerance — the paper's sign in every seed, two of them within noise."""
+    assert rep.sign_verdict([-0.08, -0.07, -0.25], -1) == "holds"
+    assert rep.sign_verdict([-0.08, -0.07, -0.25], -1, 0.2) == (
+        "holds in sign only (2 of 3 within ±0.2)"
+    )
+    assert rep.sign_verdict([-0.06, -0.01, -0.12], -1, 0.2) == "level within ±0.2"
+    assert rep.sign_verdict([0.45, 0.51, 0.85], -1, 0.2) == "fails"
+    assert rep.sign_verdict([0.3, -0.5], 1, 0.2) == "mixed"
+    assert rep.FEDRAA_NOISE == 100 * rep.FEDRAA_TOLERANCE["acc"]
+
+
 def test_rerun_reports_drift_per_cell_against_the_tolerance() -> None:
     table = rep.TABLES["fedraa-t5-paper"]
     stored = rep.Results("x", {("fedavg", 1, "acc@3t"): 0.95, ("fedavg", 1, "t93"): 40.0})
