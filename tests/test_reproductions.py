@@ -173,7 +173,7 @@ def test_a_verdict_that_rests_on_rerun_noise_says_so() -> None:
     assert rep.sign_verdict([-0.06, -0.01, -0.12], -1, 0.2) == "level within ±0.2"
     assert rep.sign_verdict([0.45, 0.51, 0.85], -1, 0.2) == "fails"
     assert rep.sign_verdict([0.3, -0.5], 1, 0.2) == "mixed"
-    assert rep.FEDRAA_NOISE == 100 * rep.FEDRAA_TOLERANCE["acc"]
+    assert 100 * rep.FEDRAA_TOLERANCE["acc"] == rep.FEDRAA_NOISE
 
 
 def test_rerun_reports_drift_per_cell_against_the_tolerance() -> None:
