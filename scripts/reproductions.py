@@ -773,7 +773,7 @@ def fedraa_verdicts(res: Results) -> str:
             margins,
             paper_margin,
             noise=FEDRAA_NOISE,
-        )  # fmt: skip
+        )
     )
     header = [
         "claim (Table 5, each method at 3× its own time to 93 %)",
