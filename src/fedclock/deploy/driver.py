@@ -28,6 +28,7 @@ import heapq
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -89,6 +90,7 @@ class RealTimeDriver(Simulator):
         budget_s: float | None = None,
         cut: str = "none",
         round_timeout_s: float | None = None,
+        on_finish: Callable[[RealTimeDriver], None] | None = None,
         population: Any,
         **kwargs: Any,
     ) -> None:
@@ -127,7 +129,7 @@ class RealTimeDriver(Simulator):
         self.ctx.start = self.start  # type: ignore[method-assign]
         self._t0 = time.monotonic()
         self._late = 0  # replies to tasks no longer in flight (cut, or the run over)
-        self.on_finish: Any = None  # called with the driver when the run ends
+        self.on_finish = on_finish  # called with the driver when the run ends
         self.speeds: dict[int, float] = {}  # client → the FLOP/s its device measured last
         self.links: dict[int, float] = {}  # client → bytes/s of its last task's transfers
         # client → its last task's time between dispatch and reply that the device was not

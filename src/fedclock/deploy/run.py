@@ -47,11 +47,11 @@ def deploy(
         strategy = kwargs["strategy"]
         t_max = getattr(strategy.trigger, "t_max", None)
         cut = "suffix" if Suffix in strategy.needs.shapes else "none"
-        driver = RealTimeDriver(transport=transport, budget_s=t_max, cut=cut,
-                                round_timeout_s=round_timeout_s, **kwargs)  # fmt: skip
-        driver.on_finish = lambda d: strategy.summary.update(
-            {DEPLOYMENT_KEY: report(d, engine_name)}
-        )
+        driver = RealTimeDriver(
+            transport=transport, budget_s=t_max, cut=cut, round_timeout_s=round_timeout_s,
+            on_finish=lambda d: strategy.summary.update({DEPLOYMENT_KEY: report(d, engine_name)}),
+            **kwargs,
+        )  # fmt: skip
         holder["driver"] = driver
         return driver
 

@@ -598,9 +598,11 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
         **extra,
     )  # fmt: skip
     fraction = getattr(cfg.strategy, "client_fraction", 1.0) if method == "salf" else 1.0
-    rounds = SyncRounds(t_max=t_max if keeps_deadline and sc.scenario == "deadline" else None,
-                        work=work, client_fraction=fraction)  # fmt: skip
     some_users = fraction < 1.0 or cfg.selection.name != "random"
+    rounds = SyncRounds(t_max=t_max if keeps_deadline and sc.scenario == "deadline" else None,
+                        work=work, client_fraction=fraction,
+                        # eq. 9's p_l over each round's users: the round's participants kept
+                        track_participants=some_users and method == "salf")  # fmt: skip
     server = server_optimizer(cfg.strategy, lr=cfg.strategy.server_lr)
     if method == "heterofl":  # 1/n recorded; the update averages each element over holders
         aggregator = Update(
@@ -619,7 +621,6 @@ def build_salf_family(cfg: Any, info: Any, method: str) -> Any:
         log.debug("%s p_l (p_rule %s, scenario %s): %s", method, rule, sc.scenario, p)
         round_p = None
         if some_users and method == "salf":  # eq. 9's p_l over each round's users
-            rounds.track_participants = True
             round_p = _round_p(rule, depths, population, rounds, units.count)
         aggregator = salf_update(mode=sc.mode, units=units, num_users=U, p_values=p,
                                  server=server, round_p=round_p)  # fmt: skip

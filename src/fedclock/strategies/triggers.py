@@ -85,6 +85,7 @@ class SyncRounds:
         selection: Selection | None = None,
         keep_late: bool = False,
         over_commit: float = 1.0,
+        track_participants: bool = False,
     ) -> None:
         self.client_fraction = client_fraction
         self.over_commit = over_commit  # o > 1: ask ⌈o·m⌉, close at the first m (K-of-N)
@@ -106,7 +107,7 @@ class SyncRounds:
         self._waiting = False  # every online client busy with a late task: wait for one
         # keep the round's tasks (participants()) without a selection too: SALF over a
         # fraction of its users computes eq. 9's p_l over the round's users
-        self.track_participants = False
+        self.track_participants = track_participants
 
     def choose_with(
         self, selection: Selection | None, *, keep_late: bool = False, over_commit: float = 1.0
