@@ -50,6 +50,18 @@ def _hand_mask() -> dict[str, torch.Tensor]:
     return {"net.1.weight": w1, "net.3.weight": w2}
 
 
+def _masked_mlp() -> tuple[torch.nn.Module, Layout, dict[str, torch.Tensor]]:
+    """The float64 MLP with :func:`_hand_mask` applied (the server's model is zero outside
+    the mask), its layout and the mask."""
+    model, layout = _mlp(torch.float64)
+    masks = _hand_mask()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n in masks:
+                p.mul_(masks[n])
+    return model, layout, masks
+
+
 def test_a_mask_task_costs_its_density_by_hand() -> None:
     _, layout = _mlp()
     mask = Mask(_hand_mask())
@@ -179,12 +191,7 @@ def test_mask_tasks_train_the_pruned_model_and_report_dense_squared_gradients() 
     from fedclock.train.factory import make_executor
     from fedclock.train.local import LocalTraining, Needs
 
-    model, layout = _mlp(torch.float64)
-    masks = _hand_mask()
-    with torch.no_grad():  # the server's model is zero outside the mask
-        for n, p in model.named_parameters():
-            if n in masks:
-                p.mul_(masks[n])
+    model, layout, masks = _masked_mlp()
     needs = Needs(shapes=frozenset({Mask}), layout=layout, synchronous=True)
     local = LocalTraining(lr=0.1)
     sizes = [16, 16, 12, 20]
@@ -226,12 +233,7 @@ def test_a_step_statistic_is_declared_data_not_executor_code(
     from fedclock.train.local import LocalTraining, Needs
 
     monkeypatch.setitem(local_mod.STEP_STATISTICS, "sq_grads", lambda acc, g: acc.add_(g.abs()))
-    model, layout = _mlp(torch.float64)
-    masks = _hand_mask()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n in masks:
-                p.mul_(masks[n])
+    model, layout, masks = _masked_mlp()
     sizes = [16, 12]
     data = _data(sizes, (6,))
     data = replace(data, x=data.x.double())
@@ -255,12 +257,7 @@ def test_pruned_weights_stay_zero_through_aggregation_and_reconfiguration(optimi
     from fedclock.train.factory import make_executor
     from fedclock.train.local import LocalTraining, Needs
 
-    model, layout = _mlp(torch.float64)
-    masks = _hand_mask()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n in masks:
-                p.mul_(masks[n])
+    model, layout, masks = _masked_mlp()
     sizes = [16, 16, 12]
     data = _data(sizes, (6,))
     data = replace(data, x=data.x.double())
