@@ -451,6 +451,26 @@ def machine() -> str:
     )
 
 
+def kernels_note(stored: str, here: str) -> str | None:
+    """A sentence for a rerun whose machine may round differently from the stored one's:
+    None when both machine strings name the same torch kernels (then a rerun of unchanged
+    code gives the stored numbers bit for bit)."""
+
+    def isa(text: str) -> str | None:
+        found = re.search(r"torch kernels (\S+?)(?:,|$)", text)
+        return found.group(1) if found else None
+
+    a, b = isa(stored), isa(here)
+    if a is not None and a == b:
+        return None
+    was = f"{a} kernels" if a else "kernels it does not name"
+    return (
+        f"The stored numbers were made on {stored} ({was}), this rerun on {here}: torch's "
+        "kernels may round differently, and drift within a page's rounding spread "
+        "(cis.md's rounding table) is then no change of code."
+    )
+
+
 def collect(
     name: str,
     root: Path,
@@ -534,6 +554,9 @@ def rerun(
     rows, over = drift(table, stored, new)
     n = len(set(stored.values) & set(new))
     print(f"\n{name}: {n} stored numbers re-measured; {len(rows)} differ")
+    note = kernels_note(str(stored.meta.get("machine", "an unnamed machine")), machine())
+    if note:
+        print(note)
     if rows:
         print(
             table_md(["cell", "seed", "metric", "stored", "rerun", "drift", "tolerance", ""], rows)

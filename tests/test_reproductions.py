@@ -192,6 +192,17 @@ def test_rerun_reports_drift_per_cell_against_the_tolerance() -> None:
     assert over and rows[0][-1] == "over"
 
 
+def test_a_rerun_on_other_kernels_says_so() -> None:
+    avx2 = "x86_64, AMD EPYC, 2 cores, torch kernels AVX2, Linux 6.18"
+    avx512 = "x86_64, AMD EPYC, 2 cores, torch kernels AVX512, Linux 6.18"
+    assert rep.kernels_note(avx2, avx2) is None  # same kernels: bit for bit, nothing to say
+    note = rep.kernels_note(avx512, avx2)
+    assert note is not None and "AVX512 kernels" in note and avx2 in note
+    old = rep.kernels_note("x86_64, 2 cores, Linux 6.18.44", avx2)  # made before it was named
+    assert old is not None and "does not name" in old
+    assert rep.kernels_note("x86_64, torch kernels AVX2", "x86_64") is not None
+
+
 def test_stored_results_name_their_commit_and_commands() -> None:
     for path in sorted((REPO / "docs" / "reproductions" / "results").glob("*.json")):
         meta = json.loads(path.read_text())
