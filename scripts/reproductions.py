@@ -192,7 +192,8 @@ def sign_verdict(diffs: list[float], expected_sign: int, noise: float = 0.0) -> 
     ``noise`` (> 0: the table's rerun tolerance, in the same unit): a difference no larger
     may change sign when the table is run again, so a verdict that rests on one says so —
     ``level within ±noise`` when every one is, ``holds in sign only (k of n within ±noise)``
-    (or ``fails …``) when some are."""
+    (or ``fails …``) when some are, and ``mixed (k of n against, within ±noise)`` (or ``for``)
+    when the seeds disagree but every one on one side is within it."""
     d = [x for x in diffs if not math.isnan(x)]
     if not d:
         return "not measured"
@@ -206,6 +207,11 @@ def sign_verdict(diffs: list[float], expected_sign: int, noise: float = 0.0) -> 
             if small:
                 return f"{word} in sign only ({small} of {len(d)} within ±{noise:g})"
             return word
+    if noise > 0:
+        for side, sign in (("against", -expected_sign), ("for", expected_sign)):
+            these = [x for x in d if x * sign > 0]
+            if these and all(abs(x) <= noise for x in these):
+                return f"mixed ({len(these)} of {len(d)} {side}, within ±{noise:g})"
     return "mixed"
 
 
@@ -1710,6 +1716,10 @@ def cis_summary(res: Results) -> str:
             whole = "holds in every seed"
         elif all(v.startswith("holds") for v in chain):
             whole = "holds in sign in every seed, not beyond the rounding spread in all"
+        elif all(v.startswith("holds") or "against, within" in v for v in chain):
+            whole = (
+                "does not hold in every seed, and no seed contradicts it beyond the rounding spread"
+            )
         else:
             whole = "does not hold in every seed"
         lines.append(

@@ -173,6 +173,11 @@ def test_a_verdict_that_rests_on_rerun_noise_says_so() -> None:
     assert rep.sign_verdict([-0.06, -0.01, -0.12], -1, 0.2) == "level within ±0.2"
     assert rep.sign_verdict([0.45, 0.51, 0.85], -1, 0.2) == "fails"
     assert rep.sign_verdict([0.3, -0.5], 1, 0.2) == "mixed"
+    # CIS Table 1, root_in_place, Serving − Equal at 80-15-5: the one seed against is within
+    # the ±1.1 rounding spread, and so are the ones for in the unrouted paper-mode reading
+    assert rep.sign_verdict([-0.11, 3.81, 1.92], 1, 1.1) == "mixed (1 of 3 against, within ±1.1)"
+    assert rep.sign_verdict([-2.43, 0.66, 0.81], 1, 1.1) == "mixed (2 of 3 for, within ±1.1)"
+    assert rep.sign_verdict([-0.11, 3.81, 1.92], 1) == "mixed"
     assert 100 * rep.FEDRAA_TOLERANCE["acc"] == rep.FEDRAA_NOISE
 
 
