@@ -1925,16 +1925,20 @@ def _last_round(res: Results, cells: list[str], seed: int) -> int:
 
 def cis_rounds_summary(res: Results) -> str:
     """Per setting: Serving − Equal at 80-15-5 per seed at rounds 5 and 15 and at the last
-    round both reached, with Serving's exit 3 there."""
+    round both reached, with both strategies' exits 1 and 3 there; then the sign verdict at
+    the end, read against the rounding spread measured at 5 rounds."""
     seeds = sorted({s for _, s, _ in res.values})
+    noise = cis_noise()
     lines = []
     for mode in ("paper", "root"):
         sv, eq = f"{mode}/cis-serving", f"{mode}/cis-equal"
-        parts = []
+        parts, ends, end_rounds = [], [], set()
         for seed in seeds:
             last = _last_round(res, [sv, eq], seed)
             if last == 0:
                 continue
+            ends.append(100 * (res.get(sv, seed, f"cis@{last}") - res.get(eq, seed, f"cis@{last}")))
+            end_rounds.add(last)
             at_r = [
                 (r, 100 * (res.get(sv, seed, f"cis@{r}") - res.get(eq, seed, f"cis@{r}")))
                 for r in sorted({5, 15, last})
@@ -1950,8 +1954,11 @@ def cis_rounds_summary(res: Results) -> str:
             parts.append(
                 f"seed {seed}: "
                 + ", ".join(f"{signed(d, 1)} at round {r}" for r, d in at_r)
-                + f" (Serving's exit 3 at round {last}: {pct(res.get(sv, seed, f'exit3@{last}'), 1)} %, "
-                f"Equal's {pct(res.get(eq, seed, f'exit3@{last}'), 1)} %); "
+                + f" (exits 1 / 3 at round {last}: Serving's "
+                + slash(pct(res.get(sv, seed, f"exit{i}@{last}"), 1) for i in (1, 3))
+                + " %, Equal's "
+                + slash(pct(res.get(eq, seed, f"exit{i}@{last}"), 1) for i in (1, 3))
+                + " %); "
                 + (
                     f"Serving ahead at every round from round {ahead} to {last}"
                     if ahead
@@ -1959,8 +1966,18 @@ def cis_rounds_summary(res: Results) -> str:
                 )
             )
         if parts:
+            at = f"round {min(end_rounds)}" if len(end_rounds) == 1 else "the last round reached"
+            small = sum(abs(d) <= noise for d in ends)
             lines.append(
-                f"- **{CIS_SETTINGS[mode]}**, Serving − Equal (points): " + "; ".join(parts) + "."
+                f"- **{CIS_SETTINGS[mode]}**, Serving − Equal (points): "
+                + "; ".join(parts)
+                + f". Serving > Equal at {at}, by sign: **{sign_verdict(ends, 1)}**"
+                + (
+                    f" ({small} of {len(ends)} seeds within ±{noise:g}, the rounding spread "
+                    "measured at 5 rounds)."
+                    if noise
+                    else "."
+                )
             )
     return "\n".join(lines)
 
