@@ -387,3 +387,26 @@ def test_fedraa_loop_verdict_by_hand(tmp_path: Path) -> None:
     assert "2.00× in the loop, 2.00× in fedclock" in text
     assert "**The two implementations agree**" in text
     assert "| authors' loop (script) | 90.0 | 180.0 | 2.00 |" in table
+
+
+def test_the_100_round_summary_reads_the_end_and_the_last_stretch() -> None:
+    """Two seeds, four rounds, paper mode only: seed 1's Serving leads from round 3 on, seed
+    2's Equal leads at the end; the verdict at round 4 is read by sign, and the seeds within
+    the rounding spread (cis-rounding's stored ±1.1) are counted."""
+    cis = {1: ([0.80, 0.70, 0.90, 0.95], [0.70, 0.75, 0.85, 0.94])}
+    cis[2] = ([0.80, 0.82, 0.85, 0.90], [0.81, 0.80, 0.84, 0.92])
+    values = {}
+    for seed, (sv, eq) in cis.items():
+        for r in range(1, 5):
+            for cell, acc in (("paper/cis-serving", sv), ("paper/cis-equal", eq)):
+                values[(cell, seed, f"cis@{r}")] = acc[r - 1]
+                for i in (1, 2, 3):
+                    values[(cell, seed, f"exit{i}@{r}")] = acc[r - 1] - 0.01 * i
+    text = rep.cis_rounds_summary(rep.Results("cis-100r", values))
+    assert text.count("\n") == 0 and text.startswith("- **paper mode")
+    assert "seed 1: +1.0 at round 4 (exits 1 / 3 at round 4: Serving's 94.0 / 92.0 %" in text
+    assert "Serving ahead at every round from round 3 to 4" in text
+    assert "seed 2: −2.0 at round 4" in text and "Equal ahead or level at round 4" in text
+    noise = rep.cis_noise()
+    within = f"{sum(abs(d) <= noise for d in (1.0, 2.0))} of 2"
+    assert f"Serving > Equal at round 4, by sign: **mixed** ({within} seeds within" in text
