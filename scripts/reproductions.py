@@ -54,6 +54,7 @@ class Results:
     name: str
     values: dict[Key, float]
     meta: dict = field(default_factory=dict)
+    folder: Path | None = None  # the results folder it was read from
 
     def get(self, cell: str, seed: int, metric: str) -> float:
         return self.values.get((cell, seed, metric), math.nan)
@@ -74,13 +75,25 @@ def load(name: str, pages: Path = PAGES) -> Results:
     path = results_dir(pages) / f"{name}.csv"
     if not path.is_file():
         raise SystemExit(f"error: no stored results for table {name!r} ({path} is missing).")
+    return _read(name, path)
+
+
+def earlier(res: Results) -> Results | None:
+    """What ``res``'s table stored before its last ``collect --keep-earlier`` (None: nothing
+    kept): ``results/earlier/NAME.csv`` beside it, for a block that reads how far a rerun
+    moved."""
+    path = (res.folder or results_dir(PAGES)) / "earlier" / f"{res.name}.csv"
+    return _read(res.name, path) if path.is_file() else None
+
+
+def _read(name: str, path: Path) -> Results:
     values: dict[Key, float] = {}
     with path.open(newline="") as fh:
         for row in csv.DictReader(fh):
             values[(row["cell"], int(row["seed"]), row["metric"])] = float(row["value"])
     meta_path = path.with_suffix(".json")
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    return Results(name, values, meta)
+    return Results(name, values, meta, path.parent)
 
 
 def save(res: Results, pages: Path = PAGES) -> Path:
@@ -484,13 +497,26 @@ def collect(
     note: str | None,
     pages: Path,
     merge: bool = False,
+    keep_earlier: bool = False,
 ) -> Results:
     """Store table ``name``'s numbers from the run folders under ``root``; ``merge``: keep
-    the stored numbers of every (cell, seed) that ``root`` has no finished run of."""
+    the stored numbers of every (cell, seed) that ``root`` has no finished run of;
+    ``keep_earlier``: move the stored files to ``results/earlier/`` first (see ``earlier``)."""
     table = TABLES[name]
     values = table.collect(root)
     if not values:
         raise SystemExit(f"error: no finished runs of table {name!r} under {root}.")
+    if keep_earlier:
+        if merge:
+            raise SystemExit(
+                "error: --keep-earlier keeps whole results; it does not go with --merge."
+            )
+        kept = results_dir(pages) / "earlier"
+        kept.mkdir(exist_ok=True)
+        for suffix in (".csv", ".json"):
+            stored = results_dir(pages) / f"{name}{suffix}"
+            if stored.is_file():
+                stored.replace(kept / stored.name)
     if merge:
         fresh = {(cell, seed) for cell, seed, _ in values}
         kept = {k: v for k, v in load(name, pages).values.items() if k[:2] not in fresh}
@@ -507,7 +533,7 @@ def collect(
     }
     if note:
         meta["note"] = note
-    res = Results(name, values, meta)
+    res = Results(name, values, meta, results_dir(pages))
     save(res, pages)
     return res
 
@@ -586,6 +612,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep the stored numbers of the cells and seeds ROOT has no finished run of",
     )
+    c.add_argument(
+        "--keep-earlier",
+        action="store_true",
+        help="move the stored results to results/earlier/ (a block may read the drift from them)",
+    )
     st = sub.add_parser(
         "mark-stale", help="say on the page that the numbers may have moved after a table"
     )
@@ -631,7 +662,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     if args.cmd == "collect":
-        res = collect(args.name, args.root, args.commit, args.note, PAGES, args.merge)
+        res = collect(
+            args.name, args.root, args.commit, args.note, PAGES, args.merge, args.keep_earlier
+        )
         print(f"{len(res.values)} numbers stored in docs/reproductions/results/{args.name}.csv")
         return 0
     if args.cmd == "mark-stale":
@@ -1929,6 +1962,7 @@ def cis_rounds_summary(res: Results) -> str:
     the end, read against the rounding spread measured at 5 rounds."""
     seeds = sorted({s for _, s, _ in res.values})
     noise = cis_noise()
+    end_noise = cis_end_rounding(res)
     lines = []
     for mode in ("paper", "root"):
         sv, eq = f"{mode}/cis-serving", f"{mode}/cis-equal"
@@ -1968,18 +2002,98 @@ def cis_rounds_summary(res: Results) -> str:
         if parts:
             at = f"round {min(end_rounds)}" if len(end_rounds) == 1 else "the last round reached"
             small = sum(abs(d) <= noise for d in ends)
+            within = []
+            if noise:
+                within.append(
+                    f"{small} of {len(ends)} seeds within ±{noise:g}, the rounding spread "
+                    "measured at 5 rounds"
+                )
+            if end_noise is not None:
+                within.append(
+                    f"{sum(abs(d) <= end_noise for d in ends)} of {len(ends)} within "
+                    f"±{end_noise:g}, the largest change of a seed's Serving − Equal over the "
+                    f"last {CIS_END_STRETCH} rounds between two machines' runs"
+                )
             lines.append(
                 f"- **{CIS_SETTINGS[mode]}**, Serving − Equal (points): "
                 + "; ".join(parts)
                 + f". Serving > Equal at {at}, by sign: **{sign_verdict(ends, 1)}**"
-                + (
-                    f" ({small} of {len(ends)} seeds within ±{noise:g}, the rounding spread "
-                    "measured at 5 rounds)."
-                    if noise
-                    else "."
-                )
+                + (f" ({'; '.join(within)})." if within else ".")
             )
     return "\n".join(lines)
+
+
+def _gap(res: Results, mode: str, seed: int, r: int) -> float:
+    """Serving − Equal (points, routed CIS accuracy) of ``mode`` at round ``r``."""
+    sv, eq = (res.get(f"{mode}/cis-{w}", seed, f"cis@{r}") for w in ("serving", "equal"))
+    return 100 * (sv - eq)
+
+
+#: how many of a 100-round run's last rounds count as its end stretch
+CIS_END_STRETCH = 10
+
+
+def _end_moves(res: Results, old: Results, mode: str, seed: int) -> tuple[list[float], int]:
+    """|now − earlier| of Serving − Equal over the last ``CIS_END_STRETCH`` rounds both
+    results reached in ``seed``, and that last round (0: none)."""
+    cells = [f"{mode}/cis-serving", f"{mode}/cis-equal"]
+    last = min(_last_round(res, cells, seed), _last_round(old, cells, seed))
+    rounds = range(max(1, last - CIS_END_STRETCH + 1), last + 1) if last else range(0)
+    return [abs(_gap(res, mode, seed, r) - _gap(old, mode, seed, r)) for r in rounds], last
+
+
+def cis_end_rounding(res: Results) -> float | None:
+    """The largest change of a seed's Serving − Equal over the last rounds between the
+    stored runs and the earlier ones (another machine's float order), rounded up to a
+    hundredth; None when no earlier results are kept."""
+    old = earlier(res)
+    if old is None:
+        return None
+    seeds = sorted({s for _, s, _ in res.values})
+    moves = [
+        m for mode in ("paper", "root") for s in seeds for m in _end_moves(res, old, mode, s)[0]
+    ]
+    moves = [m for m in moves if not math.isnan(m)]
+    return math.ceil(100 * max(moves) - 1e-9) / 100 if moves else None
+
+
+def cis_rounds_earlier(res: Results) -> str:
+    """The stored 100-round runs against the earlier ones (kept by ``collect
+    --keep-earlier``): Serving − Equal per seed at rounds 5, 15 and the end, and how far a
+    strategy's CIS accuracy moved early and over the end stretch."""
+    old = earlier(res)
+    if old is None:
+        return "No earlier results of these runs are kept."
+    m = old.meta
+    lines = [
+        f"Earlier: commit `{m.get('commit', '?')}` on {m.get('date', '?')} "
+        f"({m.get('machine', '?')}); now: the stored results (the provenance line below).",
+        "",
+    ]
+    seeds = sorted({s for _, s, _ in res.values})
+    n = CIS_END_STRETCH
+    header = ["setting", "seed", "Serving − Equal at round 5 (points): earlier → now",
+              "at round 15", "at the last round", f"largest change of Serving − Equal, last {n} rounds",
+              f"largest change of a strategy's CIS accuracy: rounds 1–{n} / last {n}"]  # fmt: skip
+    rows = []
+    for mode in ("paper", "root"):
+        cells = [f"{mode}/cis-serving", f"{mode}/cis-equal"]
+        for seed in seeds:
+            moves, last = _end_moves(res, old, mode, seed)
+            if not last:
+                continue
+            at = [
+                f"{signed(_gap(old, mode, seed, r), 2)} → {signed(_gap(res, mode, seed, r), 2)}"
+                for r in (5, 15, last)
+            ]
+            acc = []
+            for rounds in (range(1, n + 1), range(last - n + 1, last + 1)):
+                d = [100 * abs(res.get(c, seed, f"cis@{r}") - old.get(c, seed, f"cis@{r}"))
+                     for c in cells for r in rounds]  # fmt: skip
+                acc.append(f"{max(d):.2f}")
+            rows.append([CIS_SETTINGS[mode], str(seed), *at[:2], f"{at[2]} (round {last})",
+                         f"{max(moves):.2f}", slash(acc)])  # fmt: skip
+    return "\n".join([*lines, table_md(header, rows)])
 
 
 _R100 = (
@@ -2000,7 +2114,7 @@ CIS_100R = register(
             _R100 + " --out {root}/cis-100r-paper",
         ),
         collect=cis_rounds_collect,
-        blocks={"summary": cis_rounds_summary, "rounds": cis_rounds},
+        blocks={"summary": cis_rounds_summary, "rounds": cis_rounds, "earlier": cis_rounds_earlier},
         tolerance={"cis": 0.005, "exit": 0.005},
     )
 )

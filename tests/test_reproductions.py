@@ -410,3 +410,70 @@ def test_the_100_round_summary_reads_the_end_and_the_last_stretch() -> None:
     noise = rep.cis_noise()
     within = f"{sum(abs(d) <= noise for d in (1.0, 2.0))} of 2"
     assert f"Serving > Equal at round 4, by sign: **mixed** ({within} seeds within" in text
+
+
+def _rounds_values(gaps: dict[int, list[float]], equal: float = 0.9) -> dict:
+    """cis-100r numbers, paper mode: Equal at ``equal`` every round, Serving ``gap`` points
+    above it at each round (one list per seed)."""
+    values = {}
+    for seed, per_round in gaps.items():
+        for r, gap in enumerate(per_round, 1):
+            for cell, acc in (("paper/cis-serving", equal + gap / 100), ("paper/cis-equal", equal)):
+                values[(cell, seed, f"cis@{r}")] = acc
+                for i in (1, 2, 3):
+                    values[(cell, seed, f"exit{i}@{r}")] = acc
+    return values
+
+
+def test_keep_earlier_moves_the_stored_results_and_the_block_reads_the_drift(
+    tmp_path: Path,
+) -> None:
+    """collect --keep-earlier: the stored files go to results/earlier/; the earlier block and
+    the summary read how far each seed's Serving − Equal moved, by hand: 15 rounds, seed 1's
+    gap +1.0 → +1.5 at round 5 and +0.2 → +0.25 at the end (its last-10 largest change 0.3
+    at round 14), seed 2's gap −0.5 → −0.5 throughout."""
+    pages = _copy_pages(tmp_path)
+    old = {1: [1.0] * 13 + [0.2, 0.2], 2: [-0.5] * 15}
+    new = {1: [1.0] * 4 + [1.5] + [1.0] * 8 + [0.5, 0.25], 2: [-0.5] * 15}
+    stored = rep.Results("cis-100r", _rounds_values(old), {"commit": "aaaaaaa", "machine": "M1"})
+    rep.save(stored, pages)
+    runs = tmp_path / "root"
+    for seed, per_round in new.items():
+        for strategy, gap in (("cis-serving", per_round), ("cis-equal", [0.0] * 15)):
+            run = (
+                runs / "cis-100r-paper" / "runs" / strategy / "cis.serving=80-15-5" / f"seed-{seed}"
+            )
+            run.mkdir(parents=True)
+            lines = [
+                "virtual_time,wall_time,aggregation,cis_accuracy,"
+                "exit1_accuracy,exit2_accuracy,exit3_accuracy",
+                "0,0,0,0.1,0.1,0.5,0.5",
+            ]
+            for r, g in enumerate(gap, 1):
+                lines.append(f"{r},{r},{r},{0.9 + g / 100},{0.9 + g / 100},0.5,0.5")
+            (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(SystemExit, match="does not go with --merge"):
+        rep.collect("cis-100r", runs, "bbbbbbb", None, pages, merge=True, keep_earlier=True)
+    res = rep.collect("cis-100r", runs, "bbbbbbb", None, pages, keep_earlier=True)
+    kept = rep.earlier(res)
+    assert kept is not None and kept.meta["commit"] == "aaaaaaa"
+    assert kept.values == stored.values
+    assert rep.load("cis-100r", pages).meta["commit"] == "bbbbbbb"
+    table = rep.cis_rounds_earlier(res)
+    assert table.startswith("Earlier: commit `aaaaaaa` on ? (M1)")
+    # (round 15 is the last: its column and the end's agree)
+    row1 = "| 1 | +1.00 → +1.50 | +0.20 → +0.25 | +0.20 → +0.25 (round 15) | 0.30 | 0.50 / 0.30 |"
+    row2 = "| 2 | −0.50 → −0.50 | −0.50 → −0.50 | −0.50 → −0.50 (round 15) | 0.00 | 0.00 / 0.00 |"
+    assert f"| paper mode (Algorithm 1) {row1}" in table
+    assert f"| paper mode (Algorithm 1) {row2}" in table
+    assert rep.cis_end_rounding(res) == 0.3
+    summary = rep.cis_rounds_summary(res)
+    assert (
+        "1 of 2 within ±0.3, the largest change of a seed's Serving − Equal over the last"
+        in summary
+    )
+    # nothing kept: the block says so and the summary reads the 5-round spread alone
+    bare = rep.Results("cis-100r", res.values, {}, tmp_path / "nowhere")
+    assert rep.cis_rounds_earlier(bare) == "No earlier results of these runs are kept."
+    assert rep.cis_end_rounding(bare) is None
+    assert "between two machines" not in rep.cis_rounds_summary(bare)
