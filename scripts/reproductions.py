@@ -1888,14 +1888,41 @@ def cis_rounds_collect(root: Path) -> dict[Key, float]:
             run = metrics.parent
             seed = int(run.name.removeprefix("seed-"))
             cell = f"{mode}/{run.parent.parent.name}"
-            for row in read_metrics(run):
+            rows = read_metrics(run)
+            for row in rows:
                 r = int(row["aggregation"])
                 if r == 0:
                     continue
                 out[(cell, seed, f"cis@{r}")] = row["cis_accuracy"]
                 for i in (1, 2, 3):
                     out[(cell, seed, f"exit{i}@{r}")] = row[f"exit{i}_accuracy"]
+            wall = [row.get("wall_time", math.nan) for row in rows]
+            steps = [b - a for a, b in itertools.pairwise(wall) if b > a]
+            if steps:  # (a resumed run's wall clock restarts: its steps stay positive)
+                out[(cell, seed, "round_wall_s")] = statistics.median(steps)
     return out
+
+
+def cis_rounds_wall(res: Results) -> str:
+    """How long the stored runs took: the median wall time of a round, per run, and what
+    the table's runs add up to one after the other (blank when not stored)."""
+    medians = [v for (_, _, m), v in sorted(res.values.items()) if m == "round_wall_s"]
+    if not medians:
+        return ""
+    rounds = sum(
+        _last_round(res, [c], s)
+        for c, s in sorted({(c, s) for c, s, m in res.values if m == "round_wall_s"})
+    )
+    hours = rounds * statistics.median(medians) / 3600
+    lo, hi = f"{min(medians):.0f}", f"{max(medians):.0f}"
+    return (
+        f"A round took a median {lo if lo == hi else f'{lo}–{hi}'} s of wall time per run "
+        f"(each run's median step of metrics.csv's `wall_time`; runs side by side on the "
+        f"machine the provenance line names). At that pace the {len(medians)} runs' "
+        f"{rounds:,} rounds take about {hours:.1f} hours one after the other, as `rerun "
+        f"{res.name}` runs them; its two commands side by side (`--command 1`, `--command 2`) "
+        "take half that."
+    )
 
 
 def _exit_means(res: Results, cell: str, r: int, seeds: list[int]) -> str:
@@ -2020,7 +2047,8 @@ def cis_rounds_summary(res: Results) -> str:
                 + f". Serving > Equal at {at}, by sign: **{sign_verdict(ends, 1)}**"
                 + (f" ({'; '.join(within)})." if within else ".")
             )
-    return "\n".join(lines)
+    wall = cis_rounds_wall(res)
+    return "\n".join(lines + (["", wall] if wall else []))
 
 
 def _gap(res: Results, mode: str, seed: int, r: int) -> float:
@@ -2115,7 +2143,8 @@ CIS_100R = register(
         ),
         collect=cis_rounds_collect,
         blocks={"summary": cis_rounds_summary, "rounds": cis_rounds, "earlier": cis_rounds_earlier},
-        tolerance={"cis": 0.005, "exit": 0.005},
+        # (a round's wall time is the machine's, not a result: any drift is accepted)
+        tolerance={"cis": 0.005, "exit": 0.005, "round_wall_s": math.inf},
     )
 )
 

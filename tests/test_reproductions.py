@@ -468,6 +468,9 @@ def test_keep_earlier_moves_the_stored_results_and_the_block_reads_the_drift(
     assert f"| paper mode (Algorithm 1) {row2}" in table
     assert rep.cis_end_rounding(res) == 0.3
     summary = rep.cis_rounds_summary(res)
+    # (each run's wall clock steps 1 s a round: 4 runs of 15 rounds, 60 s)
+    assert "A round took a median 1 s of wall time per run" in summary
+    assert "the 4 runs' 60 rounds take about 0.0 hours one after the other" in summary
     assert (
         "1 of 2 within ±0.3, the largest change of a seed's Serving − Equal over the last"
         in summary
