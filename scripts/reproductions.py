@@ -1996,7 +1996,8 @@ def _last_round(res: Results, cells: list[str], seed: int) -> int:
 def cis_rounds_summary(res: Results) -> str:
     """Per setting: Serving − Equal at 80-15-5 per seed at rounds 5 and 15 and at the last
     round both reached, with both strategies' exits 1 and 3 there; then the sign verdict at
-    the end, read against the rounding spread measured at 5 rounds."""
+    the end, read against the rounding spread measured at 5 rounds and, when earlier
+    results are kept, against how far they moved over the last rounds; then the wall time."""
     seeds = sorted({s for _, s, _ in res.values})
     noise = cis_noise()
     end_noise = cis_end_rounding(res)
@@ -2095,6 +2096,12 @@ def cis_end_rounding(res: Results) -> float | None:
     return math.ceil(100 * max(moves) - 1e-9) / 100 if moves else None
 
 
+def _largest(values: list[float]) -> str:
+    """The largest of ``values`` that are numbers, to a hundredth ("—": none)."""
+    found = [v for v in values if not math.isnan(v)]
+    return f"{max(found):.2f}" if found else "—"
+
+
 def cis_rounds_earlier(res: Results) -> str:
     """The stored 100-round runs against the earlier ones (kept by ``collect
     --keep-earlier``): Serving − Equal per seed at rounds 5, 15 and the end, and how far a
@@ -2125,12 +2132,12 @@ def cis_rounds_earlier(res: Results) -> str:
                 for r in (5, 15, last)
             ]
             acc = []
-            for rounds in (range(1, n + 1), range(last - n + 1, last + 1)):
+            for rounds in (range(1, n + 1), range(max(1, last - n + 1), last + 1)):
                 d = [100 * abs(res.get(c, seed, f"cis@{r}") - old.get(c, seed, f"cis@{r}"))
                      for c in cells for r in rounds]  # fmt: skip
-                acc.append(f"{max(d):.2f}")
+                acc.append(_largest(d))
             rows.append([CIS_SETTINGS[mode], str(seed), *at[:2], f"{at[2]} (round {last})",
-                         f"{max(moves):.2f}", slash(acc)])  # fmt: skip
+                         _largest(moves), slash(acc)])  # fmt: skip
     return "\n".join([*lines, table_md(header, rows)])
 
 
