@@ -421,7 +421,9 @@ def test_cli_run_and_exit_plot(tmp_path) -> None:
 
 
 def test_exit_plot_honours_y_min(tmp_path, monkeypatch) -> None:
-    """`plot --metric exits --y-min Y` starts every panel's axis at Y (it was ignored)."""
+    """`plot --metric exits --y-min Y` starts every panel's axis at Y (it was ignored) and
+    ends it 5 % of the drawn span above the panel's highest point (the autoscaled top came
+    from the whole curve and could pass 1): exit 1 tops at 0.8, exit 2 at 0.9, CIS at 0.85."""
     import numpy as np
     from typer.testing import CliRunner
 
@@ -433,17 +435,19 @@ def test_exit_plot_honours_y_min(tmp_path, monkeypatch) -> None:
     rows = ["virtual_time,aggregation,exit1_accuracy,exit2_accuracy,cis_accuracy"]
     rows += [f"{t},{t},{0.5 + 0.1 * t},{0.6 + 0.1 * t},{0.55 + 0.1 * t}" for t in range(4)]
     (run / "metrics.csv").write_text("\n".join(rows) + "\n")
-    bottoms: list[float] = []
+    limits: list[tuple[float, float]] = []
     real_save = plots._save
 
     def spy(fig, out):
-        bottoms.extend(ax.get_ylim()[0] for ax in fig.axes)
+        limits.extend(ax.get_ylim() for ax in fig.axes)
         return real_save(fig, out)
 
     monkeypatch.setattr(plots, "_save", spy)
     res = CliRunner().invoke(app, ["plot", str(run), "--metric", "exits", "--y-min", "0.7"])
     assert res.exit_code == 0, res.output
-    assert len(bottoms) == 3 and np.allclose(bottoms, 0.7)
+    assert len(limits) == 3 and np.allclose([lo for lo, _ in limits], 0.7)
+    tops = [hi + 0.05 * (hi - 0.7) for hi in (0.8, 0.9, 0.85)]
+    assert np.allclose([hi for _, hi in limits], tops)
 
 
 # ----------------------------------------------------------------------------- second pass

@@ -121,6 +121,7 @@ def plot_exits(
     fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3.6), squeeze=False)
     for j, key in enumerate(keys):
         ax = axes[0, j]
+        top = -np.inf  # the highest point drawn (mean + std)
         for i, (label, runs) in enumerate(groups.items()):
             runs = [r for r in runs if r and key in r]
             if not runs:
@@ -133,11 +134,15 @@ def plot_exits(
             ax.plot(grid, mean, color=color, label=label, lw=1.5)
             if len(runs) > 1:
                 ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, lw=0)
+            top = max(top, float(np.nanmax(mean + std)))
         ax.set_title(key.replace("_accuracy", "").replace("exit", "exit ").replace("cis", "CIS"))
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
         if y_min is not None:
-            ax.set_ylim(bottom=y_min)
+            # zoomed: the top follows what is drawn above y_min (the autoscaled top was set
+            # by the whole curve's range and could pass 1)
+            span = top - y_min if np.isfinite(top) and top > y_min else 0.0
+            ax.set_ylim(bottom=y_min, top=(top + 0.05 * span) if span else None)
     axes[0, 0].set_ylabel("test accuracy")
     axes[0, -1].legend(loc="lower right", fontsize=8)
     if title:
