@@ -2009,17 +2009,10 @@ def cis_rounds_summary(res: Results) -> str:
             last = _last_round(res, [sv, eq], seed)
             if last == 0:
                 continue
-            ends.append(100 * (res.get(sv, seed, f"cis@{last}") - res.get(eq, seed, f"cis@{last}")))
+            ends.append(_gap(res, mode, seed, last))
             end_rounds.add(last)
-            at_r = [
-                (r, 100 * (res.get(sv, seed, f"cis@{r}") - res.get(eq, seed, f"cis@{r}")))
-                for r in sorted({5, 15, last})
-                if r <= last
-            ]
-            diffs = [
-                res.get(sv, seed, f"cis@{r}") - res.get(eq, seed, f"cis@{r}")
-                for r in range(1, last + 1)
-            ]
+            at_r = [(r, _gap(res, mode, seed, r)) for r in sorted({5, 15, last}) if r <= last]
+            diffs = [_gap(res, mode, seed, r) for r in range(1, last + 1)]
             ahead = next(
                 (r for r in range(1, last + 1) if all(d > 0 for d in diffs[r - 1 :])), None
             )
