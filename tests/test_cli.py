@@ -209,6 +209,43 @@ def test_plot_overlays_runs(tmp_path):
     assert res.exit_code == 2 and "--until must be a positive virtual time" in res.stderr
 
 
+def test_plot_y_min_ends_the_axis_above_what_is_drawn(tmp_path, monkeypatch):
+    """`plot --y-min Y`: both panels start at Y and end 5 % of the drawn span above the
+    highest point drawn, by hand: one run topping at 0.9 → 0.9 + 0.05·(0.9 − 0.6); two runs
+    of one group, 0.8 and 0.9 at the end → mean 0.85 + std 0.05 = 0.9 as well (the
+    autoscaled top came from the whole curve's range and could pass 1)."""
+    import numpy as np
+
+    from fedclock.metrics import plots
+
+    limits: list[tuple[float, float]] = []
+    real_save = plots._save
+
+    def spy(fig, out):
+        limits.extend(ax.get_ylim() for ax in fig.axes)
+        return real_save(fig, out)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    dirs = []
+    for name, last in (
+        ("one/fedavg/seed-1", 0.9),
+        ("two/fedavg/seed-1", 0.8),
+        ("two/fedavg/seed-2", 0.9),
+    ):
+        d = tmp_path / name
+        d.mkdir(parents=True)
+        rows = ["virtual_time,aggregation,test_accuracy", "0,0,0.1", "1,1,0.5", f"2,2,{last}"]
+        (d / "metrics.csv").write_text("\n".join(rows) + "\n")
+        dirs.append(d)
+    top = 0.9 + 0.05 * (0.9 - 0.6)
+    for picked in (dirs[:1], dirs[1:]):
+        limits.clear()
+        args = ["plot", *map(str, picked), "--y-min", "0.6", "--out", str(tmp_path / "z.png")]
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+        assert len(limits) == 2 and np.allclose(limits, [(0.6, top)] * 2), limits
+
+
 def test_plot_keeps_runs_of_the_same_strategy_and_seed_apart(tmp_path, monkeypatch):
     """Two comparisons' fedavg/seed-1 cells are two lines, labelled by the folder that
     tells them apart (the second used to overwrite the first)."""

@@ -15,6 +15,7 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.axes import Axes
 
 from fedclock.metrics.readers import step_interp
 
@@ -40,6 +41,20 @@ def _save(fig: Any, out: Path) -> Path:
     return out
 
 
+def _highest(values: np.ndarray) -> float:
+    """The highest finite value (-inf when none: a metric never recorded)."""
+    finite = np.asarray(values, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    return float(finite.max()) if finite.size else -np.inf
+
+
+def _zoom(ax: Axes, y_min: float, top: float) -> None:
+    """The axis from ``y_min`` to 5 % of the drawn span above ``top``, the highest point
+    drawn (the autoscaled top follows the whole curve's range and can pass 1)."""
+    span = top - y_min if np.isfinite(top) and top > y_min else 0.0
+    ax.set_ylim(bottom=y_min, top=(top + 0.05 * span) if span else None)
+
+
 def plot_groups(
     groups: Mapping[str, Sequence[dict[str, np.ndarray]]],
     out: Path,
@@ -55,6 +70,7 @@ def plot_groups(
     height = 4.2 + 0.2 * rows
     fig, (ax_t, ax_a) = plt.subplots(1, 2, figsize=(11, height))
     ends: list[float] = []  # each group's last server step
+    top = -np.inf  # the highest point drawn (mean + std)
     for i, (label, runs) in enumerate(groups.items()):
         runs = [r for r in runs if r]
         if not runs:
@@ -72,6 +88,7 @@ def plot_groups(
                     lw=1.6,
                     drawstyle="steps-post",
                 )
+                top = max(top, _highest(runs[0][metric]))
                 continue
             end = min(r[xkey][-1] for r in runs)
             grid = np.linspace(0.0, end, 400)
@@ -79,6 +96,7 @@ def plot_groups(
             mean, std = np.nanmean(ys, 0), np.nanstd(ys, 0)
             ax.plot(grid, mean, color=color, label=f"{label} (mean ± std of {len(runs)})", lw=1.6)
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, lw=0)
+            top = max(top, _highest(mean + std))
     pretty = metric.replace("_", " ")
     ax_t.set_xlabel("virtual time (s)")
     ax_a.set_xlabel("aggregation (server step)")
@@ -86,7 +104,7 @@ def plot_groups(
         ax.set_ylabel(pretty)
         ax.grid(alpha=0.3)
         if y_min is not None:
-            ax.set_ylim(bottom=y_min)
+            _zoom(ax, y_min, top)
     if ends and max(ends) > 50 * max(1.0, min(ends)):
         # server steps that differ by orders of magnitude (asynchronous against rounds): a
         # log scale shows both
@@ -134,15 +152,12 @@ def plot_exits(
             ax.plot(grid, mean, color=color, label=label, lw=1.5)
             if len(runs) > 1:
                 ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, lw=0)
-            top = max(top, float(np.nanmax(mean + std)))
+            top = max(top, _highest(mean + std))
         ax.set_title(key.replace("_accuracy", "").replace("exit", "exit ").replace("cis", "CIS"))
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
         if y_min is not None:
-            # zoomed: the top follows what is drawn above y_min (the autoscaled top was set
-            # by the whole curve's range and could pass 1)
-            span = top - y_min if np.isfinite(top) and top > y_min else 0.0
-            ax.set_ylim(bottom=y_min, top=(top + 0.05 * span) if span else None)
+            _zoom(ax, y_min, top)
     axes[0, 0].set_ylabel("test accuracy")
     axes[0, -1].legend(loc="lower right", fontsize=8)
     if title:
