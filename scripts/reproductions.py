@@ -31,6 +31,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -264,6 +265,10 @@ class Table:
     #: largest |rerun − stored| accepted per metric (metric name prefix → value)
     tolerance: dict[str, float]
     prelude: str = ""  # shell lines the commands need (variables), shown and run before them
+    #: cells whose path follows the float order as much as the seed (measured: a rerun of the
+    #: same code on other torch kernels moved them past ``tolerance``); their tolerance is the
+    #: spread measured between the stored results and ``earlier``'s (``machine_spread``)
+    chaotic: tuple[str, ...] = ()
 
     def command_text(
         self, root: str = "runs", seeds: str | None = None, only: list[int] | None = None
@@ -311,6 +316,14 @@ def provenance(res: Results, pages: Path = PAGES) -> str:
     )
     if m.get("note"):
         line += " " + m["note"]
+    for e in m.get("merged", []):
+        line += (
+            f" Re-stored since, with the other numbers kept: {', '.join(e['cells'])} (seeds "
+            f"{', '.join(map(str, e['seeds']))}), made by commit `{e['commit']}` on {e['date']} "
+            f"({e['machine']})."
+        )
+        if e.get("note"):
+            line += " " + e["note"]
     if m.get("stale_since"):
         why = m.get("stale_why") or (
             f"`tests/golden` changed after these results were made (commit `{m['stale_since']}`), "
@@ -500,52 +513,86 @@ def collect(
     keep_earlier: bool = False,
 ) -> Results:
     """Store table ``name``'s numbers from the run folders under ``root``; ``merge``: keep
-    the stored numbers of every (cell, seed) that ``root`` has no finished run of;
-    ``keep_earlier``: move the stored files to ``results/earlier/`` first (see ``earlier``)."""
+    the stored numbers of every (cell, seed) that ``root`` has no finished run of, and the
+    stored provenance, adding the re-stored cells to its ``merged`` list;
+    ``keep_earlier``: keep the stored files in ``results/earlier/`` (see ``earlier``)."""
     table = TABLES[name]
     values = table.collect(root)
     if not values:
         raise SystemExit(f"error: no finished runs of table {name!r} under {root}.")
-    if keep_earlier:
-        if merge:
-            raise SystemExit(
-                "error: --keep-earlier keeps whole results; it does not go with --merge."
-            )
-        kept = results_dir(pages) / "earlier"
-        kept.mkdir(exist_ok=True)
-        for suffix in (".csv", ".json"):
-            stored = results_dir(pages) / f"{name}{suffix}"
-            if stored.is_file():
-                stored.replace(kept / stored.name)
-    if merge:
-        fresh = {(cell, seed) for cell, seed, _ in values}
-        kept = {k: v for k, v in load(name, pages).values.items() if k[:2] not in fresh}
-        values = {**kept, **values}
     from importlib.metadata import version
 
-    meta = {
-        "table": name,
+    made = {
         "commit": commit or git_head(),
         "date": dt.date.today().isoformat(),
         "machine": machine(),
-        "fedclock": version("fedclock"),
-        "commands": table.command_text(),
     }
-    if note:
-        meta["note"] = note
+    if keep_earlier:
+        kept_dir = results_dir(pages) / "earlier"
+        if (kept_dir / f"{name}.csv").is_file():
+            raise SystemExit(
+                f"error: {kept_dir / name}.csv already keeps earlier results of {name}; "
+                "remove it first (it would be replaced)."
+            )
+        kept_dir.mkdir(exist_ok=True)
+        for suffix in (".csv", ".json"):
+            stored = results_dir(pages) / f"{name}{suffix}"
+            if stored.is_file():  # (a merge still reads them: copy, else move)
+                (shutil.copy2 if merge else Path.replace)(stored, kept_dir / stored.name)
+    if merge:
+        before = load(name, pages)
+        fresh = {(cell, seed) for cell, seed, _ in values}
+        values = {**{k: v for k, v in before.values.items() if k[:2] not in fresh}, **values}
+        meta = dict(before.meta)
+        entry = {
+            "cells": sorted({c for c, _ in fresh}),
+            "seeds": sorted({s for _, s in fresh}),
+            **made,
+        }
+        if note:
+            entry["note"] = note
+        meta["merged"] = [*meta.get("merged", []), entry]
+    else:
+        meta = {
+            "table": name,
+            **made,
+            "fedclock": version("fedclock"),
+            "commands": table.command_text(),
+        }
+        if note:
+            meta["note"] = note
     res = Results(name, values, meta, results_dir(pages))
     save(res, pages)
     return res
 
 
+def machine_spread(table: Table, stored: Results) -> dict[tuple[str, str], float]:
+    """(cell, metric) → the largest |stored − earlier| over the seeds, for ``table.chaotic``'s
+    cells: how far two machines' float orders took the same code apart (inf: a target one
+    machine reached and the other did not). Empty when nothing earlier is kept."""
+    kept = earlier(stored) if table.chaotic else None
+    if kept is None:
+        return {}
+    out: dict[tuple[str, str], float] = {}
+    for (cell, seed, metric), a in stored.values.items():
+        b = kept.values.get((cell, seed, metric))
+        if cell not in table.chaotic or b is None or (math.isnan(a) and math.isnan(b)):
+            continue
+        d = math.inf if math.isnan(a) or math.isnan(b) else abs(a - b)
+        out[(cell, metric)] = max(out.get((cell, metric), 0.0), d)
+    return out
+
+
 def drift(table: Table, stored: Results, new: dict[Key, float]) -> tuple[list[list[str]], bool]:
     """Per (cell, seed, metric) in both: stored, rerun, difference; and whether any exceeds
-    the table's tolerance."""
+    the table's tolerance (for a chaotic cell, the measured spread between two machines
+    where that is larger)."""
     rows, over = [], False
+    spread = machine_spread(table, stored)
     for key in sorted(set(stored.values) & set(new)):
         a, b = stored.values[key], new[key]
         d = b - a
-        tol = table.tolerance_for(key[2])
+        tol = max(table.tolerance_for(key[2]), spread.get((key[0], key[2]), 0.0))
         bad = (math.isnan(a) != math.isnan(b)) or (not math.isnan(d) and abs(d) > tol + 1e-12)
         over |= bad
         same = math.isnan(a) and math.isnan(b)  # (both not reached: no drift)
@@ -563,6 +610,168 @@ def drift(table: Table, stored: Results, new: dict[Key, float]) -> tuple[list[li
                 ]
             )
     return rows, over
+
+
+# ----------------------------------------------------------------------------- rerun records
+#: a rerun's comparison, one row per stored number re-measured (results/reruns/NAME.csv)
+RERUN_FIELDS = (
+    "cell",
+    "seed",
+    "metric",
+    "stored",
+    "rerun",
+    "tolerance",
+    "commit",
+    "date",
+    "machine",
+)
+
+
+def load_reruns(name: str, pages: Path = PAGES) -> list[dict[str, str]]:
+    """The kept rerun comparisons of table ``name`` (none kept: empty)."""
+    path = results_dir(pages) / "reruns" / f"{name}.csv"
+    if not path.is_file():
+        return []
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def record(
+    name: str,
+    roots: list[Path],
+    commit: str | None,
+    pages: Path = PAGES,
+    seeds: Iterable[int] | None = None,
+) -> list[dict[str, str]]:
+    """Compare the finished runs under ``roots`` with table ``name``'s stored numbers and keep
+    each comparison in ``results/reruns/NAME.csv`` (a number re-measured again replaces its
+    row); ``seeds``: those seeds' runs only (the others may be another commit's). A chaotic
+    cell is left out once an earlier machine's results are kept: its comparison is that of
+    the stored results with ``earlier`` (``machine_spread``)."""
+    table, stored = TABLES[name], load(name, pages)
+    new: dict[Key, float] = {}
+    for root in roots:
+        new.update(table.collect(root))
+    skip = set(table.chaotic) if earlier(stored) is not None else set()
+    spread = machine_spread(table, stored)
+    made = {"commit": commit or git_head(), "date": dt.date.today().isoformat()}
+    made["machine"] = machine()
+    rows = {(r["cell"], int(r["seed"]), r["metric"]): r for r in load_reruns(name, pages)}
+    rows = {k: r for k, r in rows.items() if k[0] not in skip}
+    picked = set(seeds) if seeds is not None else None
+    keys = sorted(
+        k
+        for k in set(stored.values) & set(new)
+        if k[0] not in skip and (picked is None or k[1] in picked)
+    )
+    if not keys:
+        raise SystemExit(f"error: no finished run under {roots} re-measures a number of {name}.")
+    for key in keys:
+        tol = max(table.tolerance_for(key[2]), spread.get((key[0], key[2]), 0.0))
+        rows[key] = {
+            "cell": key[0],
+            "seed": str(key[1]),
+            "metric": key[2],
+            "stored": repr(stored.values[key]),
+            "rerun": repr(new[key]),
+            "tolerance": repr(tol),
+            **made,
+        }
+    path = results_dir(pages) / "reruns" / f"{name}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=RERUN_FIELDS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows[k] for k in sorted(rows))
+    return [rows[k] for k in keys]
+
+
+def rerun_outcome(row: dict[str, str]) -> str:
+    """``equal``, ``within`` (the tolerance) or ``over`` for one kept comparison (a target
+    reached in one run only is over; in neither, equal)."""
+    a, b, tol = float(row["stored"]), float(row["rerun"]), float(row["tolerance"])
+    if math.isnan(a) or math.isnan(b):
+        return "equal" if math.isnan(a) and math.isnan(b) else "over"
+    return "equal" if a == b else "within" if abs(b - a) <= tol + 1e-12 else "over"
+
+
+def _seed_list(seeds: Iterable[int]) -> str:
+    return ", ".join(map(str, sorted(set(seeds))))
+
+
+def reruns_block(names: tuple[str, ...]) -> Callable[[Results], str]:
+    """A block on how the kept reruns of tables ``names`` compare with their stored numbers:
+    per table the seeds, machines and commits re-measured and how many numbers came out
+    equal, within or over the tolerance; every number over it; what was not re-measured."""
+
+    def render(res: Results) -> str:
+        pages = res.folder.parent if res.folder else PAGES
+        rows, over, missing, made = [], [], [], set()
+        for name in names:
+            stored = load(name, pages)
+            skip = set(TABLES[name].chaotic) if earlier(stored) is not None else set()
+            kept = [r for r in load_reruns(name, pages) if r["cell"] not in skip]
+            done = {(r["cell"], int(r["seed"])) for r in kept}
+            left: dict[str, list[int]] = {}
+            for cell, seed, _ in stored.values:
+                if (cell, seed) not in done and cell not in skip:
+                    left.setdefault(cell, []).append(seed)
+            by_seeds: dict[str, list[str]] = {}
+            for cell, seeds in sorted(left.items()):
+                by_seeds.setdefault(_seed_list(seeds), []).append(cell)
+            cells = {c for c, _, _ in stored.values} - skip
+            missing += [
+                f"- {name}: seeds {ss} of " + ("every cell" if set(cs) == cells else ", ".join(cs))
+                for ss, cs in sorted(by_seeds.items())
+            ]
+            if not kept:
+                continue
+            made |= {(r["machine"], r["commit"]) for r in kept}
+            outcome = [rerun_outcome(r) for r in kept]
+            acc = [
+                abs(float(r["rerun"]) - float(r["stored"]))
+                for r, o in zip(kept, outcome, strict=True)
+                if o != "over" and r["metric"].startswith("acc")
+            ]
+            rows.append(
+                [
+                    name,
+                    _seed_list(int(r["seed"]) for r in kept),
+                    str(len(kept)),
+                    str(outcome.count("equal")),
+                    str(outcome.count("within")),
+                    str(outcome.count("over")),
+                    f"{100 * max(acc, default=0.0):.2f}",
+                ]
+            )
+            over += [
+                [name, r["cell"], r["seed"], r["metric"]]
+                + [f"{float(r[k]):.6g}" for k in ("stored", "rerun", "tolerance")]
+                for r, o in zip(kept, outcome, strict=True)
+                if o == "over"
+            ]
+        if not rows:
+            return "No rerun of these tables is kept."
+        header = ["table", "seeds", "numbers", "equal", "within tolerance", "over"]
+        header.append("largest accuracy drift within it (points)")
+        parts = [
+            "Re-measured on "
+            + "; ".join(f"{m} with the code of commit `{c}`" for m, c in sorted(made))
+            + ":",
+            table_md(header, rows),
+        ]
+        if over:
+            parts.append("Over the tolerance:")
+            head = ["table", "cell", "seed", "metric", "stored", "rerun", "tolerance"]
+            parts.append(table_md(head, over))
+        parts.append(
+            "Not re-measured yet:\n\n" + "\n".join(missing)
+            if missing
+            else "Every number re-measured."
+        )
+        return "\n\n".join(parts)
+
+    return render
 
 
 def rerun(
@@ -625,6 +834,14 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument(
         "--why", help="the measured cause, when not a golden change (a sentence for the page)"
     )
+    rec = sub.add_parser(
+        "record",
+        help="keep the comparison of finished reruns with the stored numbers (results/reruns/)",
+    )
+    rec.add_argument("name", choices=sorted(TABLES))
+    rec.add_argument("roots", type=Path, nargs="+", help="the folders the reruns went to")
+    rec.add_argument("--commit", help="the commit whose code made the runs (default: HEAD)")
+    rec.add_argument("--seeds", help="comma-separated seeds: those runs only (default: all)")
     r = sub.add_parser("rerun", help="re-run a table's commands and report the drift per cell")
     r.add_argument("name", choices=sorted(TABLES))
     r.add_argument("--seeds", help="comma-separated seeds (default: the table's)")
@@ -637,6 +854,11 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         metavar="N",
         help="run only the N-th command (from 1; repeatable)",
+    )
+    r.add_argument(
+        "--record",
+        action="store_true",
+        help="keep the comparison in results/reruns/NAME.csv (as the record command)",
     )
     args = ap.parse_args(argv)
 
@@ -677,8 +899,22 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.name} marked stale since {args.commit}; now run: scripts/reproductions.py write"
         )
         return 0
+    if args.cmd == "record":
+        picked = [int(x) for x in args.seeds.split(",")] if args.seeds else None
+        rows = record(args.name, args.roots, args.commit, PAGES, picked)
+        counts = {k: sum(rerun_outcome(r) == k for r in rows) for k in ("equal", "within", "over")}
+        print(
+            f"{len(rows)} stored numbers of {args.name} compared: {counts['equal']} equal, "
+            f"{counts['within']} within the tolerance, {counts['over']} over; kept in "
+            f"docs/reproductions/results/reruns/{args.name}.csv"
+        )
+        return 0
     out = args.out or REPO / "runs" / f"rerun-{args.name}"
-    return rerun(args.name, out, args.seeds, args.data, args.dry_run, args.command)
+    code = rerun(args.name, out, args.seeds, args.data, args.dry_run, args.command)
+    if args.record and not args.dry_run:
+        only = [int(x) for x in args.seeds.split(",")] if args.seeds else None
+        record(args.name, [out], None, PAGES, only)
+    return code
 
 
 # ============================================================================= Fed-RAA
@@ -706,6 +942,15 @@ FEDRAA_PAPER = {
     "fed-raa": (91.06, 93.86, 273.18),
 }
 FEDRAA_TARGET = 0.93
+#: the page's tables, whose reruns its "On another machine" block reads
+FEDRAA_TABLES = (
+    "fedraa-t5-paper",
+    "fedraa-t5-reference",
+    "fedraa-t3-paper",
+    "fedraa-t3-reference",
+    "fedraa-sweeps",
+    "fedraa-authors-loop",
+)
 NUMBERS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}
 FEDRAA_COMMON = 1200.0  # the common-time view: every method at 1200 virtual s
 
@@ -1070,6 +1315,7 @@ FEDRAA_T5_PAPER = register(
             "table2": fedraa_table2,
             "table2-verdicts": fedraa_t2_verdicts,
             "rounds": fedraa_rounds,
+            "reruns": reruns_block(FEDRAA_TABLES),
         },
         tolerance=FEDRAA_TOLERANCE,
     )
@@ -1097,12 +1343,13 @@ def fedraa_ablation(res: Results) -> str:
         "accuracy at 150 s (%)",
     ]
     ref = res.per_seed("fed-raa", "t93", seeds)
+    chaotic = TABLES[res.name].chaotic
     rows = []
     for cell, label in FEDRAA_ABLATIONS.items():
         t = res.per_seed(cell, "t93", seeds)
         rows.append(
             [
-                label,
+                label + (" †" if cell in chaotic else ""),
                 slash(num(x) for x in t),
                 mean_sd(t, scale=1.0, digits=1),
                 paired_ratio(t, ref),
@@ -1110,7 +1357,52 @@ def fedraa_ablation(res: Results) -> str:
                 mean_sd(res.per_seed(cell, "acc@150", seeds)),
             ]
         )
-    return table_md(header, rows)
+    text = table_md(header, rows)
+    if any(c in chaotic for c in FEDRAA_ABLATIONS):
+        text += (
+            "\n\n† Follows the float order as much as the seed: these are the numbers of the "
+            "machine that stored them; another machine's, and the tolerance they set, are in "
+            "the table *Two machines, one code* below."
+        )
+    return text
+
+
+def fedraa_machines(res: Results) -> str:
+    """The chaotic ablation rows on the two machines that ran them (``earlier`` and the
+    stored), per seed, and the spread that is their tolerance."""
+    table, kept = TABLES[res.name], earlier(res)
+    if kept is None or not table.chaotic:
+        return "No earlier machine's results of these runs are kept."
+    seeds = _fedraa_seeds(res)
+    here = res.meta.get("machine", "?")
+    for entry in res.meta.get("merged", []):
+        if set(table.chaotic) <= set(entry["cells"]):
+            here = f"{entry['machine']}, commit `{entry['commit']}`"
+    there = f"{kept.meta.get('machine', '?')}, commit `{kept.meta.get('commit', '?')}`"
+    metrics = (("t93", "time to 93 % (s)", 1.0, 0), ("steps@t93", "server steps to 93 %", 1.0, 0))
+    metrics += (("acc@100", "at 100 s (%)", 100.0, 2), ("acc@150", "at 150 s (%)", 100.0, 2))
+    rows = []
+    for cell in table.chaotic:
+        for seed in seeds:
+            row = [FEDRAA_ABLATIONS.get(cell, cell).lstrip("… "), str(seed)]
+            for metric, _, scale, digits in metrics:
+                a, b = kept.get(cell, seed, metric), res.get(cell, seed, metric)
+                row.append(f"{num(scale * a, digits)} → {num(scale * b, digits)}")
+            rows.append(row)
+    spread = machine_spread(table, res)
+    bounds = []
+    for cell in table.chaotic:
+        parts = [
+            f"{label.split(' (')[0]} {num(scale * spread.get((cell, metric), math.nan), digits)}"
+            for metric, label, scale, digits in metrics
+        ]
+        bounds.append(f"{FEDRAA_ABLATIONS.get(cell, cell).lstrip('… ')}: " + ", ".join(parts))
+    return (
+        f"Earlier: {there}. Stored: {here}.\n\n"
+        + table_md(["variant", "seed", *(m[1] + ", earlier → stored" for m in metrics)], rows)
+        + "\n\nThe largest move over the seeds, which `rerun` takes as these rows' tolerance "
+        "(accuracies in points): " + "; ".join(bounds) + "."
+    )
 
 
 def fedraa_ablation_summary(res: Results) -> str:
@@ -1173,9 +1465,11 @@ FEDRAA_T5_REFERENCE = register(
             "table2-verdicts": fedraa_t2_verdicts,
             "ablation": fedraa_ablation,
             "ablation-summary": fedraa_ablation_summary,
+            "machines": fedraa_machines,
             "rounds": fedraa_rounds,
         },
         tolerance=FEDRAA_TOLERANCE,
+        chaotic=("fed-raa@discount", "fed-raa@one"),
     )
 )
 
