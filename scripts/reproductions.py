@@ -721,7 +721,8 @@ def reruns_block(names: tuple[str, ...]) -> Callable[[Results], str]:
                 by_seeds.setdefault(_seed_list(seeds), []).append(cell)
             cells = {c for c, _, _ in stored.values} - skip
             missing += [
-                f"- {name}: seeds {ss} of " + ("every cell" if set(cs) == cells else ", ".join(cs))
+                f"- {name}: seed{'s' if ',' in ss else ''} {ss} of "
+                + ("every cell" if set(cs) == cells else ", ".join(cs))
                 for ss, cs in sorted(by_seeds.items())
             ]
             if not kept:
@@ -754,9 +755,15 @@ def reruns_block(names: tuple[str, ...]) -> Callable[[Results], str]:
             return "No rerun of these tables is kept."
         header = ["table", "seeds", "numbers", "equal", "within tolerance", "over"]
         header.append("largest accuracy drift within it (points)")
+        commits: dict[str, list[str]] = {}
+        for m, c in sorted(made):
+            commits.setdefault(m, []).append(f"`{c}`")
         parts = [
             "Re-measured on "
-            + "; ".join(f"{m} with the code of commit `{c}`" for m, c in sorted(made))
+            + "; ".join(
+                f"{m} with the code of commit{'s' if len(cs) > 1 else ''} {' and '.join(cs)}"
+                for m, cs in commits.items()
+            )
             + ":",
             table_md(header, rows),
         ]
