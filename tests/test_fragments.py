@@ -506,6 +506,40 @@ def test_fedraa_reference_mode_weights_by_data_share_and_duration(
         assert weight == pytest.approx(share * s, rel=1e-12)
 
 
+def test_fedraa_reference_mode_mix_ablation_is_alg1s_update_on_element_fragments(
+    tmp_path, monkeypatch
+) -> None:
+    """``reference_weight=mix``: each arrival moves the elements its fragment covers to
+    (1 − α)θ + α·θ_new (θ_new = its base + Δ), α = 0.4 with a constant staleness, and leaves
+    the rest of θ as it was; the fragments stay the authors' element-wise ones."""
+    from fedclock.config import load_config
+    from fedclock.experiment import run_experiment
+    from fedclock.strategies.aggregators import Update
+
+    seen: list[tuple[float, Fragment]] = []
+    real = Update.aggregate
+
+    def spy(self, ctx, base, contributions):
+        new = real(self, ctx, base, contributions)
+        (c,) = contributions  # (a server step per arrival)
+        seen.append((c.weight, c.task.plan.shape))
+        for n, w in base.params.items():
+            cover = c.covers(n)
+            mixed = 0.6 * w + 0.4 * (c.task.base.params[n] + c.delta[n])
+            want = w if cover is False else mixed if cover is True else torch.where(cover, mixed, w)
+            torch.testing.assert_close(new.params[n], want, rtol=1e-6, atol=1e-7)
+        return new
+
+    monkeypatch.setattr(Update, "aggregate", spy)
+    raw = _fedraa_raw(mode="reference")
+    raw["strategy"].update(reference_weight="mix", alpha=0.4)
+    res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "mix")
+    assert res.summary["status"] == "completed" and len(seen) == 60
+    assert all(w == 0.4 and shape.kind == "elements" for w, shape in seen)
+    partial = [shape for _, shape in seen if shape.index > 0]
+    assert partial  # (some arrival trained a fragment that is not the whole model's first)
+
+
 # ------------------------------------------------------------------ views, names, devices
 @settings(max_examples=60, deadline=None)
 @given(
@@ -772,6 +806,8 @@ def test_one_task_of_every_fragment_moves_every_weight_of_the_split_layers(arch:
          "fed-raa-random fixes it to 'random'"),
         (["strategy.mode=reference", "strategy.alpha=0.5"], "reference mode has no mixing"),
         (["strategy.mode=reference", "strategy.rho=0.1"], "reference mode has no mixing"),
+        (["strategy.mode=reference", "strategy.reference_weight=mix", "strategy.rho=0.1"],
+         "reference mode has no proximal term"),
         (["strategy.reference_weight=one"], "paper mode mixes with α"),
         (["strategy.name=fed-raa-sync", "strategy.mode=reference", "strategy.reference_weight=one"],
          "synchronous rounds"),

@@ -797,10 +797,11 @@ class _FedRAAFields(AsyncOptions):
         "proximal ρ); reference: the authors' code (element-wise fragments charged their "
         "share, θ + (n_i/n)·s·Δ with s = 1/(1 + duration/100), deterministic Gre-RAA)",
     )
-    reference_weight: Literal["share-discount", "share", "discount", "one"] = Field(
+    reference_weight: Literal["share-discount", "share", "discount", "one", "mix"] = Field(
         "share-discount",
         description="reference mode's weight a of θ + a·Δ (an ablation): share-discount "
-        "(the authors' (n_i/n)·s), share (n_i/n), discount (s) or one (a = 1)",
+        "(the authors' (n_i/n)·s), share (n_i/n), discount (s) or one (a = 1); mix replaces "
+        "the sum by Alg. 1's θ ← (1 − α_t)θ + α_t·θ_new on the fragment (α and staleness read)",
     )
     count: Literal["assigned", "completed"] = Field(
         "assigned",
@@ -829,6 +830,8 @@ class _FedRAAFields(AsyncOptions):
         if path == "strategy.count" and scheduler == "random":
             return "the random scheduler reads no update counts"
         if cls.option(cfg, "mode") == "reference" and path in _FEDRAA_PAPER_ONLY:
+            if cls.option(cfg, "reference_weight") == "mix":
+                return "reference mode has no proximal term"
             return "reference mode has no mixing weight, staleness or proximal term"
         if path == "strategy.reference_weight" and cls.option(cfg, "mode") != "reference":
             return "paper mode mixes with α, it has no reference-mode weight"
@@ -844,7 +847,8 @@ class _FedRAAFields(AsyncOptions):
         if cls.setting(cfg, "scheduler") == "random":  # a uniform draw: no counts q(j)
             out.add("strategy.count")
         if cls.option(cfg, "mode") == "reference":  # no mixing weight, staleness or ρ
-            out |= _FEDRAA_PAPER_ONLY
+            mixing = cls.option(cfg, "reference_weight") == "mix"  # (the ablation: no ρ only)
+            out |= {"strategy.rho"} if mixing else _FEDRAA_PAPER_ONLY
         else:
             out.add("strategy.reference_weight")
         if cls.setting(cfg, "sync"):  # rounds: no mixing, no staleness, every client

@@ -202,7 +202,8 @@ class FragmentPlanner:
 
 
 #: reference mode's weight a of θ + a·Δ (``strategy.reference_weight``; the ablation of
-#: docs/reproductions/fed-raa.md): which of the two factors (n_i/n)·s are kept
+#: docs/reproductions/fed-raa.md): which of the two factors (n_i/n)·s are kept (its ``mix``
+#: is no weight of the sum but Alg. 1's mixing update: ``_rounds_and_update``)
 REFERENCE_WEIGHTS = ("share-discount", "share", "discount", "one")
 
 
@@ -253,10 +254,11 @@ def _rounds_and_update(s: Any, planner: FragmentPlanner, total_samples: int) -> 
         return SyncRounds(work=planner), Update(Importance(s.weights), server=server)
     trigger = ArrivalBuffer(UpdateTimes("profile", planner), buffer_size=1,
                             concurrency=s.concurrency)  # fmt: skip
-    if s.mode == "reference":
+    if s.mode == "reference" and s.reference_weight != "mix":
         weight = ShareDiscount(total_samples, s.reference_weight)
         return trigger, Update(weight, buffers=keep_buffers, server=server)
-    # Alg. 1's updater: θ^j ← (1 − α_t)·θ^j + α_t·θ^j_new, α_t = α·s(staleness)
+    # Alg. 1's updater: θ^j ← (1 − α_t)·θ^j + α_t·θ^j_new, α_t = α·s(staleness) (also the
+    # reference-mode ablation ``mix``: on the authors' element-wise fragments)
     staleness = Staleness(
         kind=s.staleness, a=s.staleness_a, b=s.staleness_b, normalize_at=s.staleness_normalize_at
     )
