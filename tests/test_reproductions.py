@@ -583,3 +583,22 @@ def test_record_keeps_each_rerun_comparison_and_the_block_counts_them(tmp_path: 
     assert len(again) == len(kept) and {r["commit"] for r in again} == {"ddddddd"}
     with pytest.raises(SystemExit, match="re-measures a number"):
         rep.record("fedraa-t5-reference", [root], None, pages, seeds=[2])
+
+
+def test_the_mixing_ablation_reads_against_the_authors_and_fedasync_by_hand() -> None:
+    """The ``mix`` line: its times against the authors' update's and FedAsync's against its,
+    paired per seed: 54 / 45 / 60 s against 90 s each → 0.60 / 0.50 / 0.67×; FedAsync's
+    45 s → 0.83 / 1.00 / 0.75 of its time; a table without the cell has no row for it."""
+    values = {}
+    for seed, (mine, theirs) in enumerate(((54.0, 45.0), (45.0, 45.0), (60.0, 45.0)), 1):
+        values[("fed-raa", seed, "t93")] = 90.0
+        values[("fed-raa@mix", seed, "t93")] = mine
+        values[("fedasync", seed, "t93")] = theirs
+    res = rep.Results("fedraa-t5-reference", values, {}, Path("/nowhere"))
+    (line,) = [x for x in rep.fedraa_ablation_summary(res).splitlines() if "mixing" in x]
+    assert "93 % at 54 / 45 / 60 s, 0.60 / 0.50 / 0.67× the time with the authors'" in line
+    assert line.endswith("FedAsync reaches 93 % in 0.83 / 1.00 / 0.75 of its time.")
+    assert "mixing" in rep.fedraa_ablation(res)
+    del_mix = {k: v for k, v in values.items() if k[0] != "fed-raa@mix"}
+    bare = rep.Results("fedraa-t5-reference", del_mix, {}, Path("/nowhere"))
+    assert "mixing" not in rep.fedraa_ablation(bare)
