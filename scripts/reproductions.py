@@ -642,20 +642,33 @@ def record(
     commit: str | None,
     pages: Path = PAGES,
     seeds: Iterable[int] | None = None,
+    cells: Iterable[str] | None = None,
 ) -> list[dict[str, str]]:
     """Compare the finished runs under ``roots`` with table ``name``'s stored numbers and keep
     each comparison in ``results/reruns/NAME.csv`` (a number re-measured again replaces its
-    row); ``seeds``: those seeds' runs only (the others may be another commit's). A chaotic
+    row); ``seeds``, ``cells``: those runs only (the others may be another commit's). A chaotic
     cell is left out once an earlier machine's results are kept: its comparison is that of
-    the stored results with ``earlier`` (``machine_spread``)."""
+    the stored results with ``earlier`` (``machine_spread``); so is a cell and seed that a
+    merge stored from this machine (its runs would be compared with themselves)."""
     table, stored = TABLES[name], load(name, pages)
     new: dict[Key, float] = {}
     for root in roots:
         new.update(table.collect(root))
     skip = set(table.chaotic) if earlier(stored) is not None else set()
+    here = machine()
+    own = {
+        (cell, seed)
+        for e in stored.meta.get("merged", [])
+        if e.get("machine") == here
+        for cell in e["cells"]
+        for seed in e["seeds"]
+    }
+    new = {
+        k: v for k, v in new.items() if k[:2] not in own and (cells is None or k[0] in set(cells))
+    }
     spread = machine_spread(table, stored)
     made = {"commit": commit or git_head(), "date": dt.date.today().isoformat()}
-    made["machine"] = machine()
+    made["machine"] = here
     rows = {(r["cell"], int(r["seed"]), r["metric"]): r for r in load_reruns(name, pages)}
     rows = {k: r for k, r in rows.items() if k[0] not in skip}
     picked = set(seeds) if seeds is not None else None
@@ -849,6 +862,7 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("roots", type=Path, nargs="+", help="the folders the reruns went to")
     rec.add_argument("--commit", help="the commit whose code made the runs (default: HEAD)")
     rec.add_argument("--seeds", help="comma-separated seeds: those runs only (default: all)")
+    rec.add_argument("--cells", help="comma-separated cells: those runs only (default: all)")
     r = sub.add_parser("rerun", help="re-run a table's commands and report the drift per cell")
     r.add_argument("name", choices=sorted(TABLES))
     r.add_argument("--seeds", help="comma-separated seeds (default: the table's)")
@@ -908,7 +922,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "record":
         picked = [int(x) for x in args.seeds.split(",")] if args.seeds else None
-        rows = record(args.name, args.roots, args.commit, PAGES, picked)
+        cells = args.cells.split(",") if args.cells else None
+        rows = record(args.name, args.roots, args.commit, PAGES, picked, cells)
         counts = {k: sum(rerun_outcome(r) == k for r in rows) for k in ("equal", "within", "over")}
         print(
             f"{len(rows)} stored numbers of {args.name} compared: {counts['equal']} equal, "

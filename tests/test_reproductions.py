@@ -551,6 +551,12 @@ def test_a_chaotic_cell_is_held_to_the_spread_between_two_machines(tmp_path: Pat
     # once an earlier machine is kept, a chaotic cell's rerun is that comparison, not a record
     with pytest.raises(SystemExit, match="re-measures a number"):
         rep.record("fedraa-t5-reference", [root], None, pages)
+    # a cell merged from this machine's runs is not compared with those same runs
+    curve = [(0, 0, 0.1), (42, 60, 0.92), (43, 65, 0.93), (150, 230, 0.96)]
+    _fedraa_run(root, "t5r-fedasync", "fedasync", 1, curve)
+    rep.collect("fedraa-t5-reference", root, "ccccccc", None, pages, merge=True)
+    with pytest.raises(SystemExit, match="re-measures a number"):
+        rep.record("fedraa-t5-reference", [root], None, pages)
 
 
 def test_record_keeps_each_rerun_comparison_and_the_block_counts_them(tmp_path: Path) -> None:
@@ -583,6 +589,8 @@ def test_record_keeps_each_rerun_comparison_and_the_block_counts_them(tmp_path: 
     assert len(again) == len(kept) and {r["commit"] for r in again} == {"ddddddd"}
     with pytest.raises(SystemExit, match="re-measures a number"):
         rep.record("fedraa-t5-reference", [root], None, pages, seeds=[2])
+    with pytest.raises(SystemExit, match="re-measures a number"):
+        rep.record("fedraa-t5-reference", [root], None, pages, cells=["fedavg"])
 
 
 def test_the_mixing_ablation_reads_against_the_authors_and_fedasync_by_hand() -> None:
