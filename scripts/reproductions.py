@@ -774,7 +774,8 @@ def reruns_block(names: tuple[str, ...]) -> Callable[[Results], str]:
         parts = [
             "Re-measured on "
             + "; ".join(
-                f"{m} with the code of commit{'s' if len(cs) > 1 else ''} {' and '.join(cs)}"
+                f"{m} with the code of commit{'s' if len(cs) > 1 else ''} "
+                + (f"{', '.join(cs[:-1])} and {cs[-1]}" if len(cs) > 1 else cs[0])
                 for m, cs in commits.items()
             )
             + ":",
