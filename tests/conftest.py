@@ -168,6 +168,22 @@ def shakespeare_data() -> Path:
     return require_data("shakespeare")
 
 
+@pytest.fixture
+def ylims(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float]]:
+    """The y-limits of every panel of each figure fedclock's plots save, in order."""
+    from fedclock.metrics import plots
+
+    limits: list[tuple[float, float]] = []
+    real_save = plots._save
+
+    def spy(fig, out):
+        limits.extend(ax.get_ylim() for ax in fig.axes)
+        return real_save(fig, out)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    return limits
+
+
 def tiny_raw(**sections) -> dict:
     """A digits experiment small enough to run in well under a second."""
     raw = {

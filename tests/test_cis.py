@@ -420,7 +420,7 @@ def test_cli_run_and_exit_plot(tmp_path) -> None:
     assert res.exit_code != 0 and "no exit columns" in res.output
 
 
-def test_exit_plot_honours_y_min(tmp_path, monkeypatch) -> None:
+def test_exit_plot_honours_y_min(tmp_path, ylims) -> None:
     """`plot --metric exits --y-min Y` starts every panel's axis at Y (it was ignored) and
     ends it 5 % of the drawn span above the panel's highest point (the autoscaled top came
     from the whole curve and could pass 1): exit 1 tops at 0.8, exit 2 at 0.9, CIS at 0.85."""
@@ -428,21 +428,13 @@ def test_exit_plot_honours_y_min(tmp_path, monkeypatch) -> None:
     from typer.testing import CliRunner
 
     from fedclock.cli import app
-    from fedclock.metrics import plots
 
     run = tmp_path / "run"
     run.mkdir()
     rows = ["virtual_time,aggregation,exit1_accuracy,exit2_accuracy,cis_accuracy"]
     rows += [f"{t},{t},{0.5 + 0.1 * t},{0.6 + 0.1 * t},{0.55 + 0.1 * t}" for t in range(4)]
     (run / "metrics.csv").write_text("\n".join(rows) + "\n")
-    limits: list[tuple[float, float]] = []
-    real_save = plots._save
-
-    def spy(fig, out):
-        limits.extend(ax.get_ylim() for ax in fig.axes)
-        return real_save(fig, out)
-
-    monkeypatch.setattr(plots, "_save", spy)
+    limits = ylims
     res = CliRunner().invoke(app, ["plot", str(run), "--metric", "exits", "--y-min", "0.7"])
     assert res.exit_code == 0, res.output
     assert len(limits) == 3 and np.allclose([lo for lo, _ in limits], 0.7)

@@ -209,23 +209,14 @@ def test_plot_overlays_runs(tmp_path):
     assert res.exit_code == 2 and "--until must be a positive virtual time" in res.stderr
 
 
-def test_plot_y_min_ends_the_axis_above_what_is_drawn(tmp_path, monkeypatch):
+def test_plot_y_min_ends_the_axis_above_what_is_drawn(tmp_path, ylims):
     """`plot --y-min Y`: both panels start at Y and end 5 % of the drawn span above the
     highest point drawn, by hand: one run topping at 0.9 → 0.9 + 0.05·(0.9 − 0.6); two runs
     of one group, 0.8 and 0.9 at the end → mean 0.85 + std 0.05 = 0.9 as well (the
     autoscaled top came from the whole curve's range and could pass 1)."""
     import numpy as np
 
-    from fedclock.metrics import plots
-
-    limits: list[tuple[float, float]] = []
-    real_save = plots._save
-
-    def spy(fig, out):
-        limits.extend(ax.get_ylim() for ax in fig.axes)
-        return real_save(fig, out)
-
-    monkeypatch.setattr(plots, "_save", spy)
+    limits = ylims
     dirs = []
     for name, last in (
         ("one/fedavg/seed-1", 0.9),
