@@ -540,6 +540,31 @@ def test_fedraa_reference_mode_mix_ablation_is_alg1s_update_on_element_fragments
     assert partial  # (some arrival trained a fragment that is not the whole model's first)
 
 
+
+def test_fedraa_with_one_fragment_and_mixing_is_fedasync(tmp_path) -> None:
+    """M = 1 (the ablation of docs/reproductions/fed-raa.md: the whole model as the one
+    fragment) under reference mode's ``mix``: every task trains the whole model and each
+    arrival mixes it in with α = 0.6 and a constant staleness — FedAsync's update, so the
+    two runs are the same run, metric for metric (wall time aside)."""
+    import csv
+
+    from fedclock.config import load_config
+    from fedclock.experiment import run_experiment
+
+    def metrics(raw: dict, name: str) -> list[dict[str, str]]:
+        res = run_experiment(load_config(raw=raw), run_dir=tmp_path / name)
+        assert res.summary["status"] == "completed"
+        with open(tmp_path / name / "metrics.csv") as f:
+            return [{k: v for k, v in r.items() if k != "wall_time"} for r in csv.DictReader(f)]
+
+    one = _fedraa_raw(mode="reference", fragments=1, reference_weight="mix")
+    fedasync = copy.deepcopy(one)
+    fedasync["strategy"] = {"name": "fedasync"}
+    a, b = metrics(one, "m1"), metrics(fedasync, "fedasync")
+    assert len(a) == 61 and a == b  # (the initial model and 60 server steps)
+    four = metrics(_fedraa_raw(mode="reference", reference_weight="mix"), "m4")
+    assert four != a  # (fragments do change the run)
+
 # ------------------------------------------------------------------ views, names, devices
 @settings(max_examples=60, deadline=None)
 @given(

@@ -781,7 +781,11 @@ class _FedRAAFields(AsyncOptions):
     selects = False  # (its scheduler assigns fragments to whoever is idle)
 
     fragments: int = Field(
-        4, ge=2, le=5, description="M: the model split into M fragments (Table 4's ratios)"
+        4,
+        ge=1,
+        le=5,
+        description="M: the model split into M fragments (Table 4's ratios; 1 = the whole "
+        "model, an ablation)",
     )
     k: float | None = Field(
         None,

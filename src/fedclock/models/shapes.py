@@ -90,8 +90,10 @@ def width_shapes(shapes: Sequence[tuple[int, ...]], rate: float) -> list[tuple[i
     return out
 
 
-#: Fed-RAA's fragment sizes, % of each split layer's neurons (Zhang et al., Table 4)
+#: Fed-RAA's fragment sizes, % of each split layer's neurons (Zhang et al., Table 4); M = 1,
+#: the whole model as one fragment, is not in the paper (an ablation: fragment vs whole model)
 FRAGMENT_RATIOS: dict[int, tuple[float, ...]] = {
+    1: (100.0,),
     2: (40.0, 60.0),
     3: (20.0, 30.0, 50.0),
     4: (10.0, 20.0, 30.0, 40.0),
