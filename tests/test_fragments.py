@@ -540,7 +540,6 @@ def test_fedraa_reference_mode_mix_ablation_is_alg1s_update_on_element_fragments
     assert partial  # (some arrival trained a fragment that is not the whole model's first)
 
 
-
 def test_fedraa_with_one_fragment_and_mixing_is_fedasync(tmp_path) -> None:
     """M = 1 (the ablation of docs/reproductions/fed-raa.md: the whole model as the one
     fragment) under reference mode's ``mix``: every task trains the whole model and each
@@ -564,6 +563,7 @@ def test_fedraa_with_one_fragment_and_mixing_is_fedasync(tmp_path) -> None:
     assert len(a) == 61 and a == b  # (the initial model and 60 server steps)
     four = metrics(_fedraa_raw(mode="reference", reference_weight="mix"), "m4")
     assert four != a  # (fragments do change the run)
+
 
 # ------------------------------------------------------------------ views, names, devices
 @settings(max_examples=60, deadline=None)
