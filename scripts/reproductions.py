@@ -729,14 +729,22 @@ def reruns_block(names: tuple[str, ...]) -> Callable[[Results], str]:
             for cell, seed, _ in stored.values:
                 if (cell, seed) not in done and cell not in skip:
                     left.setdefault(cell, []).append(seed)
-            by_seeds: dict[str, list[str]] = {}
+            # cells a merge stored from a machine of their own: a rerun there is the same run
+            merged = {
+                c: e["machine"]
+                for e in stored.meta.get("merged", [])
+                if e.get("machine") != stored.meta.get("machine")
+                for c in e["cells"]
+            }
+            by_seeds: dict[tuple[str, str], list[str]] = {}
             for cell, seeds in sorted(left.items()):
-                by_seeds.setdefault(_seed_list(seeds), []).append(cell)
+                by_seeds.setdefault((_seed_list(seeds), merged.get(cell, "")), []).append(cell)
             cells = {c for c, _, _ in stored.values} - skip
             missing += [
                 f"- {name}: seed{'s' if ',' in ss else ''} {ss} of "
                 + ("every cell" if set(cs) == cells else ", ".join(cs))
-                for ss, cs in sorted(by_seeds.items())
+                + (f" (stored from {m}: they wait for another machine)" if m else "")
+                for (ss, m), cs in sorted(by_seeds.items())
             ]
             if not kept:
                 continue
