@@ -581,7 +581,12 @@ def test_record_keeps_each_rerun_comparison_and_the_block_counts_them(tmp_path: 
     assert "| fedraa-t5-reference | 1 |" in block
     assert "| fedraa-t5-reference | fedasync | 1 | acc@150 | 0.9549 | 0.96 | 0.002 |" in block
     assert "| fedraa-t5-reference | 1 | " + str(len(rows)) + " |" in block
-    assert "- fedraa-t5-reference: seeds 1, 2, 3 of fed-raa, fed-raa@discount," in block
+    assert "- fedraa-t5-reference: seeds 1, 2, 3 of fed-raa, fed-raa@share," in block
+    # (cells a merge stored from another machine than the table's: listed apart)
+    assert (
+        "seeds 1, 2, 3 of fed-raa@discount, fed-raa@m1, fed-raa@mix, fed-raa@one (stored " in block
+    )
+    assert ": they wait for another machine)" in block
     assert "- fedraa-t5-reference: seeds 2, 3 of fedasync\n" in block + "\n"
     # re-recorded: the row is replaced, not added
     rep.record("fedraa-t5-reference", [root], "ddddddd", pages, seeds=[1])
@@ -610,3 +615,26 @@ def test_the_mixing_ablation_reads_against_the_authors_and_fedasync_by_hand() ->
     del_mix = {k: v for k, v in values.items() if k[0] != "fed-raa@mix"}
     bare = rep.Results("fedraa-t5-reference", del_mix, {}, Path("/nowhere"))
     assert "mixing" not in rep.fedraa_ablation(bare)
+
+
+def test_the_one_fragment_ablation_is_compared_with_fedasync_number_for_number() -> None:
+    """The M = 1 line: stored from the table's own machine, its numbers are held to the
+    stored FedAsync's one by one (NaN, a read past the end, equals NaN); one number off and
+    the line says how many differ."""
+    values = {}
+    for seed in (1, 2, 3):
+        for cell in ("fed-raa", "fed-raa@m1", "fedasync"):
+            values[(cell, seed, "t93")] = 90.0 if cell == "fed-raa" else 43.0
+            values[(cell, seed, "acc@100")] = 0.9459
+            values[(cell, seed, "acc@common")] = math.nan
+    res = rep.Results("fedraa-t5-reference", values, {"machine": "m"}, Path("/nowhere"))
+    (line,) = [x for x in rep.fedraa_ablation_summary(res).splitlines() if "M = 1" in x]
+    assert "93 % at 43 / 43 / 43 s, 0.48 / 0.48 / 0.48× the time" in line
+    assert line.endswith(
+        "All 9 of its numbers equal FedAsync's on the same machine: the same run, so what "
+        "separates the mixing variant from FedAsync is the fragments."
+    )
+    values[("fed-raa@m1", 2, "acc@100")] = 0.9460
+    res = rep.Results("fedraa-t5-reference", values, {"machine": "m"}, Path("/nowhere"))
+    (line,) = [x for x in rep.fedraa_ablation_summary(res).splitlines() if "M = 1" in x]
+    assert line.endswith("1 of its 9 numbers differ from FedAsync's on the same machine.")
