@@ -636,6 +636,13 @@ def load_reruns(name: str, pages: Path = PAGES) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+def stored_machine(meta: dict, cell: str) -> str:
+    """The machine that made ``cell``'s stored numbers: the last merge that re-stored it,
+    else the table's."""
+    made = [e["machine"] for e in meta.get("merged", []) if cell in e["cells"]]
+    return made[-1] if made else str(meta.get("machine", "?"))
+
+
 def record(
     name: str,
     roots: list[Path],
@@ -731,10 +738,9 @@ def reruns_block(names: tuple[str, ...]) -> Callable[[Results], str]:
                     left.setdefault(cell, []).append(seed)
             # cells a merge stored from a machine of their own: a rerun there is the same run
             merged = {
-                c: e["machine"]
-                for e in stored.meta.get("merged", [])
-                if e.get("machine") != stored.meta.get("machine")
-                for c in e["cells"]
+                c: m
+                for c in left
+                if (m := stored_machine(stored.meta, c)) != stored.meta.get("machine")
             }
             by_seeds: dict[tuple[str, str], list[str]] = {}
             for cell, seeds in sorted(left.items()):
@@ -1484,10 +1490,7 @@ def _same(a: float, b: float) -> bool:
 def _m1_against_fedasync(res: Results, cell: str, seeds: list[int]) -> str:
     """M = 1 with mixing against FedAsync run on the same machine (the stored FedAsync, or
     its kept rerun when the two were stored from different machines), number for number."""
-    made = next(
-        (e["machine"] for e in res.meta.get("merged", []) if cell in e["cells"]),
-        res.meta.get("machine"),
-    )
+    made = stored_machine(res.meta, cell)
     if made == res.meta.get("machine"):
         theirs = {(s, m): res.get("fedasync", s, m) for c, s, m in res.values if c == cell}
     else:
