@@ -459,6 +459,12 @@ def git_head() -> str:
         return "unknown"
 
 
+#: environment variables that pick the kernels of torch (ATen), MKL and oneDNN below what the
+#: CPU has: set, they make one machine round as an older one would (docs/reproductions.md's
+#: "Another machine's rounding"), and ``machine`` names them
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
 def machine() -> str:
     """The machine, with what sets its float order: the CPU model and the instruction set
     torch's kernels use (AVX2 and AVX-512 round differently: cis.md's rounding table)."""
@@ -476,6 +482,9 @@ def machine() -> str:
         isa = f", torch kernels {torch.backends.cpu.get_cpu_capability()}"
     except Exception:  # (torch missing or too old: the rest still says something)
         isa = ""
+    forced = [f"{k}={os.environ[k]}" for k in KERNEL_ENV if os.environ.get(k)]
+    if isa and forced:
+        isa += f" (forced: {' '.join(forced)})"
     cpu = f"{model}, " if model else ""
     return (
         f"{platform.machine()}, {cpu}{os.cpu_count()} cores{isa}, "
@@ -489,7 +498,7 @@ def kernels_note(stored: str, here: str) -> str | None:
     code gives the stored numbers bit for bit)."""
 
     def isa(text: str) -> str | None:
-        found = re.search(r"torch kernels (\S+?)(?:,|$)", text)
+        found = re.search(r"torch kernels (\S+?(?: \(forced: [^)]*\))?)(?:,|$)", text)
         return found.group(1) if found else None
 
     a, b = isa(stored), isa(here)

@@ -208,6 +208,20 @@ def test_a_rerun_on_other_kernels_says_so() -> None:
     assert rep.kernels_note("x86_64, torch kernels AVX2", "x86_64") is not None
 
 
+def test_forced_kernels_are_another_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in rep.KERNEL_ENV:
+        monkeypatch.delenv(k, raising=False)
+    plain = rep.machine()
+    assert "forced" not in plain
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "SSE4_2")
+    forced = rep.machine()
+    assert forced != plain and "(forced: MKL_ENABLE_INSTRUCTIONS=SSE4_2)" in forced
+    if "torch kernels" in plain:  # the same ISA, other MKL kernels: they may round otherwise
+        note = rep.kernels_note(plain, forced)
+        assert note is not None and "forced" in note
+        assert rep.kernels_note(forced, forced) is None
+
+
 def test_stored_results_name_their_commit_and_commands() -> None:
     for path in sorted((REPO / "docs" / "reproductions" / "results").glob("*.json")):
         meta = json.loads(path.read_text())
