@@ -492,16 +492,18 @@ def machine() -> str:
     )
 
 
+def kernels(text: str) -> str | None:
+    """The torch kernels a ``machine`` string names (with what forced them), if it names any."""
+    found = re.search(r"torch kernels (\S+?(?: \(forced: [^)]*\))?)(?:,|$)", text)
+    return found.group(1) if found else None
+
+
 def kernels_note(stored: str, here: str) -> str | None:
     """A sentence for a rerun whose machine may round differently from the stored one's:
     None when both machine strings name the same torch kernels (then a rerun of unchanged
     code gives the stored numbers bit for bit)."""
 
-    def isa(text: str) -> str | None:
-        found = re.search(r"torch kernels (\S+?(?: \(forced: [^)]*\))?)(?:,|$)", text)
-        return found.group(1) if found else None
-
-    a, b = isa(stored), isa(here)
+    a, b = kernels(stored), kernels(here)
     if a is not None and a == b:
         return None
     was = f"{a} kernels" if a else "kernels it does not name"
@@ -724,6 +726,9 @@ def rerun_outcome(row: dict[str, str]) -> str:
     return "equal" if a == b else "within" if abs(b - a) <= tol + 1e-12 else "over"
 
 
+OUTCOMES = ("equal", "within", "over")
+
+
 def _seed_list(seeds: Iterable[int]) -> str:
     return ", ".join(map(str, sorted(set(seeds))))
 
@@ -765,22 +770,25 @@ def reruns_block(names: tuple[str, ...]) -> Callable[[Results], str]:
                 continue
             made |= {(r["machine"], r["commit"]) for r in kept}
             outcome = [rerun_outcome(r) for r in kept]
-            acc = [
-                abs(float(r["rerun"]) - float(r["stored"]))
-                for r, o in zip(kept, outcome, strict=True)
-                if o != "over" and r["metric"].startswith("acc")
-            ]
-            rows.append(
-                [
-                    name,
-                    _seed_list(int(r["seed"]) for r in kept),
-                    str(len(kept)),
-                    str(outcome.count("equal")),
-                    str(outcome.count("within")),
-                    str(outcome.count("over")),
-                    f"{100 * max(acc, default=0.0):.2f}",
+            by_kernels: dict[str, list[int]] = {}
+            for i, r in enumerate(kept):  # (one row per kernels: each rounds its own way)
+                by_kernels.setdefault(kernels(r["machine"]) or "?", []).append(i)
+            for isa, idx in sorted(by_kernels.items()):
+                acc = [
+                    abs(float(kept[i]["rerun"]) - float(kept[i]["stored"]))
+                    for i in idx
+                    if outcome[i] != "over" and kept[i]["metric"].startswith("acc")
                 ]
-            )
+                rows.append(
+                    [
+                        name,
+                        isa,
+                        _seed_list(int(kept[i]["seed"]) for i in idx),
+                        str(len(idx)),
+                        *(str(sum(outcome[i] == o for i in idx)) for o in OUTCOMES),
+                        f"{100 * max(acc, default=0.0):.2f}",
+                    ]
+                )
             over += [
                 [name, r["cell"], r["seed"], r["metric"]]
                 + [f"{float(r[k]):.6g}" for k in ("stored", "rerun", "tolerance")]
@@ -789,7 +797,8 @@ def reruns_block(names: tuple[str, ...]) -> Callable[[Results], str]:
             ]
         if not rows:
             return "No rerun of these tables is kept."
-        header = ["table", "seeds", "numbers", "equal", "within tolerance", "over"]
+        header = ["table", "torch kernels", "seeds", "numbers", "equal", "within tolerance"]
+        header.append("over")
         header.append("largest accuracy drift within it (points)")
         commits: dict[str, list[str]] = {}
         for m, c in sorted(made):
@@ -1374,6 +1383,8 @@ FEDRAA_ABLATIONS = {
     "fed-raa@discount": "… a = s (no data share)",
     "fed-raa@one": "… a = 1 (the whole Δ)",
     "fed-raa@mix": "… mixing, θ ← (1 − α)θ + α·θ_new on the fragment (α = 0.6)",
+    "fed-raa@mix-random": "… mixing, Random's fragments (a uniform draw per task)",
+    "fed-raa@mix-mp": "… mixing, MP-RAA's fragments (the least-updated, no K)",
     "fed-raa@m1": "… mixing, M = 1 (every task the whole model)",
     "fedasync": "FedAsync, α = 0.6, constant s",
     "fedasync@polynomial": "FedAsync, α·(1 + staleness)^−0.5",
@@ -1461,7 +1472,8 @@ def fedraa_ablation_summary(res: Results) -> str:
     ref = res.per_seed("fed-raa", "t93", seeds)
     fa = res.per_seed("fedasync", "t93", seeds)
     lines = []
-    cells = ("fed-raa@share", "fed-raa@discount", "fed-raa@one", "fed-raa@mix", "fed-raa@m1")
+    cells = ("fed-raa@share", "fed-raa@discount", "fed-raa@one", "fed-raa@mix")
+    cells += ("fed-raa@mix-random", "fed-raa@mix-mp", "fed-raa@m1")
     for cell in (*cells, "fedasync@polynomial"):
         t = res.per_seed(cell, "t93", seeds)
         if all(math.isnan(x) for x in t):
@@ -1484,6 +1496,12 @@ def fedraa_ablation_summary(res: Results) -> str:
             line += (
                 " FedAsync reaches 93 % in "
                 f"{slash(fmt_ratio(a / b) for a, b in zip(fa, t, strict=True))} of its time."
+            )
+        if cell in ("fed-raa@mix-random", "fed-raa@mix-mp"):  # (another choice of parts)
+            mix = res.per_seed("fed-raa@mix", "t93", seeds)
+            line += (
+                " Against the mixing line above (the same update, Gre-RAA's parts): "
+                f"{slash(fmt_ratio(a / b) for a, b in zip(t, mix, strict=True))}× its time."
             )
         if cell == "fed-raa@m1":  # (the mixing variant without fragments)
             line += " " + _m1_against_fedasync(res, cell, seeds)
@@ -1585,6 +1603,11 @@ FEDRAA_T5_REFERENCE = register(
             "--out {root}/t5r-fed-raa@mix",
             _RAA_REF + " --set strategy.reference_weight=mix --set strategy.fragments=1 "
             "--set budget.virtual_time=150 --out {root}/t5r-fed-raa@m1",
+            *(
+                _RAA_REF + f" --set strategy.reference_weight=mix --set strategy.scheduler={s} "
+                f"--set budget.virtual_time=150 --out {{root}}/t5r-fed-raa@mix-{c}"
+                for s, c in (("random", "random"), ("mp-raa", "mp"))
+            ),
         ),
         collect=fedraa_collect("t5r"),
         blocks={

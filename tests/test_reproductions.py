@@ -573,11 +573,14 @@ def test_a_chaotic_cell_is_held_to_the_spread_between_two_machines(tmp_path: Pat
         rep.record("fedraa-t5-reference", [root], None, pages)
 
 
-def test_record_keeps_each_rerun_comparison_and_the_block_counts_them(tmp_path: Path) -> None:
+def test_record_keeps_each_rerun_comparison_and_the_block_counts_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """record: one row per stored number re-measured, by hand: FedAsync seed 1 stored at
     t93 = 43 s re-measured at 43 (equal), its accuracy at 100 s 0.9459 → 0.9469 (within 0.2
     points) and at 150 s → 0.96 (over); a later record of the same number replaces its row."""
     pages = _copy_pages(tmp_path)
+    monkeypatch.setattr(rep, "machine", lambda: "x86_64, 2 cores, torch kernels AVX512, Linux")
     shutil.rmtree(pages / "results" / "reruns", ignore_errors=True)
     for suffix in (".csv", ".json"):  # (no earlier machine: every cell is recorded)
         (pages / "results" / "earlier" / f"fedraa-t5-reference{suffix}").unlink(missing_ok=True)
@@ -592,13 +595,14 @@ def test_record_keeps_each_rerun_comparison_and_the_block_counts_them(tmp_path: 
     kept = rep.load_reruns("fedraa-t5-reference", pages)
     assert {r["commit"] for r in kept} == {"ccccccc"} and len(kept) == len(rows)
     block = rep.reruns_block(("fedraa-t5-reference",))(stored)
-    assert "| fedraa-t5-reference | 1 |" in block
+    assert "| fedraa-t5-reference | AVX512 | 1 |" in block
     assert "| fedraa-t5-reference | fedasync | 1 | acc@150 | 0.9549 | 0.96 | 0.002 |" in block
-    assert "| fedraa-t5-reference | 1 | " + str(len(rows)) + " |" in block
+    assert "| fedraa-t5-reference | AVX512 | 1 | " + str(len(rows)) + " |" in block
     assert "- fedraa-t5-reference: seeds 1, 2, 3 of fed-raa, fed-raa@share," in block
     # (cells a merge stored from another machine than the table's: listed apart)
     assert (
-        "seeds 1, 2, 3 of fed-raa@discount, fed-raa@m1, fed-raa@mix, fed-raa@one (stored " in block
+        "seeds 1, 2, 3 of fed-raa@discount, fed-raa@m1, fed-raa@mix, fed-raa@mix-mp, "
+        "fed-raa@mix-random, fed-raa@one (stored " in block
     )
     assert ": they wait for another machine)" in block
     assert "- fedraa-t5-reference: seeds 2, 3 of fedasync\n" in block + "\n"
@@ -629,6 +633,29 @@ def test_the_mixing_ablation_reads_against_the_authors_and_fedasync_by_hand() ->
     del_mix = {k: v for k, v in values.items() if k[0] != "fed-raa@mix"}
     bare = rep.Results("fedraa-t5-reference", del_mix, {}, Path("/nowhere"))
     assert "mixing" not in rep.fedraa_ablation(bare)
+
+
+def test_another_choice_of_parts_reads_against_the_mixing_line_by_hand() -> None:
+    """Random's and MP-RAA's parts with the mixing update, against Gre-RAA's with it, paired
+    per seed: Random 55 / 50 / 66 s over mixing's 50 / 50 / 60 s → 1.10 / 1.00 / 1.10×;
+    MP-RAA 45 / 40 / 60 → 0.90 / 0.80 / 1.00×."""
+    values = {}
+    for seed, (mix, rnd, mp) in enumerate(
+        ((50.0, 55.0, 45.0), (50.0, 50.0, 40.0), (60.0, 66.0, 60.0)), 1
+    ):
+        values[("fed-raa", seed, "t93")] = 100.0
+        values[("fed-raa@mix", seed, "t93")] = mix
+        values[("fed-raa@mix-random", seed, "t93")] = rnd
+        values[("fed-raa@mix-mp", seed, "t93")] = mp
+        values[("fedasync", seed, "t93")] = 45.0
+    res = rep.Results("fedraa-t5-reference", values, {}, Path("/nowhere"))
+    lines = rep.fedraa_ablation_summary(res).splitlines()
+    (rnd,) = [x for x in lines if "Random's fragments" in x]
+    (mp,) = [x for x in lines if "MP-RAA's fragments" in x]
+    assert "93 % at 55 / 50 / 66 s, 0.55 / 0.50 / 0.66× the time with the authors'" in rnd
+    assert rnd.endswith("Gre-RAA's parts): 1.10 / 1.00 / 1.10× its time.")
+    assert mp.endswith("Gre-RAA's parts): 0.90 / 0.80 / 1.00× its time.")
+    assert "Random's fragments" in rep.fedraa_ablation(res)
 
 
 def test_the_one_fragment_ablation_is_compared_with_fedasync_number_for_number() -> None:
