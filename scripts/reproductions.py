@@ -460,8 +460,8 @@ def git_head() -> str:
 
 
 #: environment variables that pick the kernels of torch (ATen), MKL and oneDNN below what the
-#: CPU has: set, they make one machine round as an older one would (docs/reproductions.md's
-#: "Another machine's rounding"), and ``machine`` names them
+#: CPU has: set, they make one machine round as an older one would (README, on the
+#: reproductions), and ``machine`` names them
 KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
