@@ -848,9 +848,12 @@ def rerun(
     rows, over = drift(table, stored, new)
     n = len(set(stored.values) & set(new))
     print(f"\n{name}: {n} stored numbers re-measured; {len(rows)} differ")
-    note = kernels_note(str(stored.meta.get("machine", "an unnamed machine")), machine())
-    if note:
-        print(note)
+    # (each re-measured cell against the machine that stored it: a merge may have re-stored it)
+    made = {stored_machine(stored.meta, c) for c, _, _ in set(stored.values) & set(new)}
+    for m in sorted(made):
+        note = kernels_note(m if m != "?" else "an unnamed machine", machine())
+        if note:
+            print(note)
     if rows:
         print(
             table_md(["cell", "seed", "metric", "stored", "rerun", "drift", "tolerance", ""], rows)
