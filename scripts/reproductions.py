@@ -269,6 +269,10 @@ class Table:
     #: same code on other torch kernels moved them past ``tolerance``); their tolerance is the
     #: spread measured between the stored results and ``earlier``'s (``machine_spread``)
     chaotic: tuple[str, ...] = ()
+    #: metric → the time metric it is read at (server steps at the time to target): a time
+    #: that moves within its tolerance moves it by what the run does meanwhile, so its
+    #: tolerance adds the stored run's mean rate × that time's tolerance (``tolerance_at``)
+    read_at: dict[str, str] = field(default_factory=dict)
 
     def command_text(
         self, root: str = "runs", seeds: str | None = None, only: list[int] | None = None
@@ -285,6 +289,18 @@ class Table:
             if metric.startswith(prefix) and len(prefix) > len(best):
                 best = prefix
         return self.tolerance[best] if best else 0.0
+
+    def tolerance_at(self, stored: Results, key: Key) -> float:
+        """``key``'s tolerance: its metric's, plus for a metric read at a time (``read_at``)
+        the stored count's mean rate n / t times that time's tolerance."""
+        cell, seed, metric = key
+        tol = self.tolerance_for(metric)
+        when = self.read_at.get(metric)
+        if when is not None:
+            n, t = stored.get(cell, seed, metric), stored.get(cell, seed, when)
+            if not math.isnan(n) and not math.isnan(t) and t > 0:
+                tol += n / t * self.tolerance_for(when)
+        return tol
 
 
 TABLES: dict[str, Table] = {}
@@ -603,7 +619,7 @@ def drift(table: Table, stored: Results, new: dict[Key, float]) -> tuple[list[li
     for key in sorted(set(stored.values) & set(new)):
         a, b = stored.values[key], new[key]
         d = b - a
-        tol = max(table.tolerance_for(key[2]), spread.get((key[0], key[2]), 0.0))
+        tol = max(table.tolerance_at(stored, key), spread.get((key[0], key[2]), 0.0))
         bad = (math.isnan(a) != math.isnan(b)) or (not math.isnan(d) and abs(d) > tol + 1e-12)
         over |= bad
         same = math.isnan(a) and math.isnan(b)  # (both not reached: no drift)
@@ -698,7 +714,7 @@ def record(
     if not keys:
         raise SystemExit(f"error: no finished run under {roots} re-measures a number of {name}.")
     for key in keys:
-        tol = max(table.tolerance_for(key[2]), spread.get((key[0], key[2]), 0.0))
+        tol = max(table.tolerance_at(stored, key), spread.get((key[0], key[2]), 0.0))
         rows[key] = {
             "cell": key[0],
             "seed": str(key[1]),
@@ -1302,6 +1318,8 @@ FEDRAA_TOLERANCE = {
     "initial_seconds": 2.0,
     "initial_density": 0.005,
 }
+#: server steps to 93 % follow the time to 93 % (a second later is that second's arrivals)
+FEDRAA_READ_AT = {"steps@t93": "t93"}
 #: Table 5's accuracy differences within this many points may change sign on a rerun (the
 #: tables' tolerance for an accuracy, in points): its verdicts say when one rests on them
 FEDRAA_NOISE = 100 * FEDRAA_TOLERANCE["acc"]
@@ -1376,6 +1394,7 @@ FEDRAA_T5_PAPER = register(
             "reruns": reruns_block(FEDRAA_TABLES),
         },
         tolerance=FEDRAA_TOLERANCE,
+        read_at=FEDRAA_READ_AT,
     )
 )
 
@@ -1625,6 +1644,7 @@ FEDRAA_T5_REFERENCE = register(
             "rounds": fedraa_rounds,
         },
         tolerance=FEDRAA_TOLERANCE,
+        read_at=FEDRAA_READ_AT,
         chaotic=("fed-raa@discount", "fed-raa@one"),
     )
 )
@@ -1775,6 +1795,7 @@ FEDRAA_T3_PAPER_TABLE = register(
         collect=fedraa_t3_collect("t3p", (100.0, 300.0)),
         blocks={"table": fedraa_t3_table, "verdicts": fedraa_t3_verdicts},
         tolerance=FEDRAA_TOLERANCE,
+        read_at=FEDRAA_READ_AT,
     )
 )
 _T3R = (
@@ -1798,6 +1819,7 @@ FEDRAA_T3_REFERENCE_TABLE = register(
         collect=fedraa_t3_collect("t3r", (100.0, 150.0)),
         blocks={"table": fedraa_t3_table, "verdicts": fedraa_t3_verdicts},
         tolerance=FEDRAA_TOLERANCE,
+        read_at=FEDRAA_READ_AT,
     )
 )
 
@@ -2029,6 +2051,7 @@ FEDRAA_LOOP = register(
         collect=fedraa_loop_collect,
         blocks={"table": fedraa_loop_table, "verdict": fedraa_loop_verdict},
         tolerance=FEDRAA_TOLERANCE,
+        read_at=FEDRAA_READ_AT,
     )
 )
 

@@ -197,6 +197,27 @@ def test_rerun_reports_drift_per_cell_against_the_tolerance() -> None:
     assert over and rows[0][-1] == "over"
 
 
+def test_steps_to_target_move_with_the_time_to_target() -> None:
+    """Server steps read at the time to 93 % follow that time: stored 327 steps at 53 s
+    (6.17 steps/s) may move by 2 + 327 / 53 × 2 s = 14.34 steps; steps at a fixed time keep
+    their 2. A rerun at 54 s and 335 steps is within; 342 steps is over."""
+    table = rep.TABLES["fedraa-t5-reference"]
+    stored = rep.Results(
+        "x", {("m", 1, "t93"): 53.0, ("m", 1, "steps@t93"): 327.0, ("m", 1, "steps@100"): 600.0}
+    )
+    assert table.tolerance_at(stored, ("m", 1, "steps@t93")) == pytest.approx(2 + 2 * 327 / 53)
+    assert table.tolerance_at(stored, ("m", 1, "steps@100")) == 2.0
+    assert table.tolerance_at(stored, ("m", 1, "t93")) == 2.0
+    new = {("m", 1, "t93"): 54.0, ("m", 1, "steps@t93"): 335.0, ("m", 1, "steps@100"): 600.0}
+    rows, over = rep.drift(table, stored, new)
+    assert not over and [r[2] for r in rows] == ["steps@t93", "t93"]
+    rows, over = rep.drift(table, stored, {**new, ("m", 1, "steps@t93"): 342.0})
+    assert over and rows[0][2] == "steps@t93" and rows[0][-1] == "over"
+    # not reached (NaN): the plain tolerance
+    nan = rep.Results("x", {("m", 1, "t93"): math.nan, ("m", 1, "steps@t93"): math.nan})
+    assert table.tolerance_at(nan, ("m", 1, "steps@t93")) == 2.0
+
+
 def test_a_rerun_on_other_kernels_says_so() -> None:
     avx2 = "x86_64, AMD EPYC, 2 cores, torch kernels AVX2, Linux 6.18"
     avx512 = "x86_64, AMD EPYC, 2 cores, torch kernels AVX512, Linux 6.18"
