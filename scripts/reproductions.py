@@ -798,7 +798,7 @@ def reruns_block(names: tuple[str, ...]) -> Callable[[Results], str]:
                 rows.append(
                     [
                         name,
-                        isa,
+                        re.sub(r" \(forced: [^)]*\)", " (forced)", isa),  # (heading: what)
                         _seed_list(int(kept[i]["seed"]) for i in idx),
                         str(len(idx)),
                         *(str(sum(outcome[i] == o for i in idx)) for o in OUTCOMES),
