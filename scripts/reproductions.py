@@ -680,16 +680,22 @@ def record(
 ) -> list[dict[str, str]]:
     """Compare the finished runs under ``roots`` with table ``name``'s stored numbers and keep
     each comparison in ``results/reruns/NAME.csv`` (a number re-measured again replaces its
-    row); ``seeds``, ``cells``: those runs only (the others may be another commit's). A chaotic
-    cell is left out once an earlier machine's results are kept: its comparison is that of
-    the stored results with ``earlier`` (``machine_spread``); so is a cell and seed that a
-    merge stored from this machine (its runs would be compared with themselves)."""
+    row); ``seeds``, ``cells``: those runs only (the others may be another commit's). Once an
+    earlier machine's results are kept, a chaotic cell rerun on that machine or on the one
+    that stored it is left out: that comparison is its tolerance (``machine_spread``); a third
+    machine's is kept, held to it. So is a cell and seed that a merge stored from this machine
+    (its runs would be compared with themselves)."""
     table, stored = TABLES[name], load(name, pages)
     new: dict[Key, float] = {}
     for root in roots:
         new.update(table.collect(root))
-    skip = set(table.chaotic) if earlier(stored) is not None else set()
     here = machine()
+    kept = earlier(stored)
+    skip = {
+        c
+        for c in table.chaotic
+        if kept is not None and here in (kept.meta.get("machine"), stored_machine(stored.meta, c))
+    }
     own = {
         (cell, seed)
         for e in stored.meta.get("merged", [])
@@ -759,8 +765,9 @@ def reruns_block(names: tuple[str, ...]) -> Callable[[Results], str]:
         rows, over, missing, made = [], [], [], set()
         for name in names:
             stored = load(name, pages)
+            # (chaotic cells two machines measured are not waiting; a third's rerun counts)
             skip = set(TABLES[name].chaotic) if earlier(stored) is not None else set()
-            kept = [r for r in load_reruns(name, pages) if r["cell"] not in skip]
+            kept = load_reruns(name, pages)
             done = {(r["cell"], int(r["seed"])) for r in kept}
             left: dict[str, list[int]] = {}
             for cell, seed, _ in stored.values:
